@@ -1,0 +1,95 @@
+"""Find the one GGUF SageMaker unpacked and check it against model-manifest.json.
+
+SageMaker unpacks model.tar.gz into /opt/ml/model. Serving the wrong file silently is the
+worst failure a decision service can have, so discovery is strict (exactly one candidate)
+and the manifest's size and sha256 are verified before the model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_build.embedded import sha256_of
+
+MANIFEST_NAME = "model-manifest.json"
+
+
+class ModelFilesError(RuntimeError):
+    """The model directory does not hold exactly one usable, verified GGUF."""
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """The GGUF to load and the identity reported with every response."""
+
+    gguf: Path
+    identity: dict[str, Any] = field(default_factory=dict)
+
+
+def discover_gguf(model_dir: Path) -> Path:
+    """Return the single `*.gguf` in `model_dir` or one level below it."""
+    if not model_dir.is_dir():
+        raise ModelFilesError(f"model directory {model_dir} does not exist")
+    found = sorted([*model_dir.glob("*.gguf"), *model_dir.glob("*/*.gguf")])
+    found = [path for path in found if path.is_file()]
+    if len(found) != 1:
+        listing = ", ".join(str(path.relative_to(model_dir)) for path in found) or "none"
+        raise ModelFilesError(
+            f"expected exactly one *.gguf in {model_dir} or one level below, found "
+            f"{len(found)}: {listing}"
+        )
+    return found[0]
+
+
+def resolve_model_files(model_dir: Path, gguf_path: Path | None) -> ModelFiles:
+    """Pick the GGUF (explicit path wins) and verify it against the manifest when present."""
+    gguf = gguf_path if gguf_path is not None else discover_gguf(model_dir)
+    manifest_path = gguf.parent / MANIFEST_NAME
+    if not manifest_path.is_file():
+        manifest_path = model_dir / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return ModelFiles(
+            gguf=gguf,
+            identity={"file": gguf.name, "bytes": gguf.stat().st_size, "manifest": None},
+        )
+    return ModelFiles(gguf=gguf, identity=verify_against_manifest(gguf, manifest_path))
+
+
+def verify_against_manifest(gguf: Path, manifest_path: Path) -> dict[str, Any]:
+    """Check name, size and sha256 against the manifest; return the identity to report."""
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        entry = manifest["gguf"]
+        expected_file, expected_bytes, expected_sha = (
+            str(entry["file"]),
+            int(entry["bytes"]),
+            str(entry["sha256"]).lower(),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ModelFilesError(f"{manifest_path}: unreadable manifest ({error})") from None
+    if expected_file != gguf.name:
+        raise ModelFilesError(
+            f"{manifest_path}: gguf.file is {expected_file!r} but the model found is {gguf.name!r}"
+        )
+    actual_bytes = gguf.stat().st_size
+    if actual_bytes != expected_bytes:
+        raise ModelFilesError(
+            f"{gguf.name}: size {actual_bytes} bytes does not match manifest {expected_bytes}"
+        )
+    actual_sha = sha256_of(gguf)
+    if actual_sha != expected_sha:
+        raise ModelFilesError(
+            f"{gguf.name}: sha256 {actual_sha} does not match manifest {expected_sha}"
+        )
+    source = manifest.get("source") or {}
+    return {
+        "file": gguf.name,
+        "bytes": actual_bytes,
+        "sha256": actual_sha,
+        "source": source.get("uri"),
+        "revision": source.get("revision"),
+        "manifest": MANIFEST_NAME,
+    }

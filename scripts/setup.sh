@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create or refresh the project's virtualenv (.venv) and the pinned CDK CLI (node_modules).
+# Idempotent: a second run only checks that everything is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+stamp=.venv/.requirements.sha256
+want=$(sha256sum requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -r requirements.txt
+  .venv/bin/python -m pip install --quiet --no-deps -e .
+  echo "$want" > "$stamp"
+fi
+if [ -f package-lock.json ] && [ ! -d node_modules ]; then
+  npm ci --no-audit --no-fund --loglevel=error
+fi

@@ -1,0 +1,141 @@
+"""The engine on real llama.cpp: answer-slot checks, shared-prefix branching, prefix reuse."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapter.engine import CapacityError, LlamaEngine, ModelLoadError
+from adapter.prompts import ANSWER_LETTERS
+from adapter.readout import read_slots
+from adapter.schema import Decision, Option
+from adapter.service import DecisionService
+from model_build.tiny_gguf import write_tiny_gguf
+
+STATE = "Order 1182 arrived damaged; the customer wants a refund and is angry."
+
+
+def make_engine(gguf: Path, **overrides: int) -> LlamaEngine:
+    options = {"kv_cells": 4096, "max_branches": 16, "threads": 2, "n_gpu_layers": 0}
+    options.update(overrides)
+    return LlamaEngine(gguf, **options)
+
+
+@pytest.fixture
+def engine(tiny_gguf: Path) -> Iterator[LlamaEngine]:
+    loaded = make_engine(tiny_gguf)
+    yield loaded
+    loaded.close()
+
+
+def questions() -> list[Decision]:
+    asks = [
+        ("route", "Which queue?", ("refunds", "shipping", "sales")),
+        ("urgent", "Is this urgent?", ("yes", "no")),
+        ("tone", "What is the tone?", ("calm", "angry", "confused", "happy")),
+    ]
+    return [
+        Decision(key, STATE, question, tuple(Option(o, f"The {o} option.") for o in opts))
+        for key, question, opts in asks
+    ]
+
+
+def test_answer_slots_are_single_distinct_letter_tokens(engine: LlamaEngine) -> None:
+    assert len(set(engine.slot_token_ids)) == len(ANSWER_LETTERS)
+    assert [engine.piece(token) for token in engine.slot_token_ids] == list(ANSWER_LETTERS)
+
+
+def test_model_whose_letter_merges_with_the_prompt_is_refused(tmp_path: Path) -> None:
+    bad = write_tiny_gguf(tmp_path / "bad.gguf", fuse_answer_letter=True)
+    with pytest.raises(ModelLoadError, match="answer letter 'A' does not append as exactly one"):
+        make_engine(bad)
+
+
+def test_model_without_chat_template_is_refused(tmp_path: Path) -> None:
+    bare = write_tiny_gguf(tmp_path / "bare.gguf", chat_template=None)
+    with pytest.raises(ModelLoadError, match="has no chat template"):
+        make_engine(bare)
+
+
+def _probabilities(
+    service: DecisionService, decisions: list[Decision], mode: str
+) -> list[list[float]]:
+    response = service.decide(decisions, mode)  # type: ignore[arg-type]
+    return [result["probabilities"] for result in response["results"]]
+
+
+def test_shared_batch_matches_each_decision_alone(engine: LlamaEngine) -> None:
+    service = DecisionService(engine=engine, max_tokens=1024, model={})
+    shared = service.decide(questions(), "shared")
+    assert shared["timing"]["branch_waves"] == 1
+    assert shared["timing"]["prefix_tokens"] > 40  # system prompt + state evaluated once
+    alone = []
+    for single in questions():
+        engine.reset()
+        alone.extend(_probabilities(service, [single], "single"))
+    for batched, solo in zip(shared["results"], alone, strict=True):
+        assert batched["probabilities"] == pytest.approx(solo, abs=1e-3)
+        assert abs(sum(batched["probabilities"]) - 1.0) < 1e-6
+
+
+def test_branch_waves_split_when_sequences_run_out(tiny_gguf: Path) -> None:
+    narrow = make_engine(tiny_gguf, max_branches=2)
+    try:
+        service = DecisionService(engine=narrow, max_tokens=1024, model={})
+        waved = service.decide(questions(), "shared")
+        assert waved["timing"]["branch_waves"] == 2
+        wide = make_engine(tiny_gguf)
+        try:
+            reference = DecisionService(engine=wide, max_tokens=1024, model={})
+            expected = reference.decide(questions(), "shared")
+        finally:
+            wide.close()
+        for got, want in zip(waved["results"], expected["results"], strict=True):
+            assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-3)
+    finally:
+        narrow.close()
+
+
+def test_prefix_reuse_evaluates_only_the_new_suffix(engine: LlamaEngine) -> None:
+    service = DecisionService(engine=engine, max_tokens=1024, model={})
+    first, second = questions()[:2]
+    cold = service.decide([first], "single")
+    assert cold["timing"]["reused_tokens"] == 0
+    assert cold["timing"]["evaluated_tokens"] == cold["results"][0]["input_tokens"]
+    warm = service.decide([second], "single")
+    tokens = warm["results"][0]["input_tokens"]
+    suffix = warm["timing"]["evaluated_tokens"]
+    assert warm["timing"]["reused_tokens"] + suffix == tokens
+    # Everything up to the question is shared: system prompt and state are reused.
+    state_tokens = len(engine.tokenize(STATE))
+    assert warm["timing"]["reused_tokens"] > state_tokens
+    assert suffix < tokens / 3
+    repeat = service.decide([second], "single")
+    assert repeat["timing"]["evaluated_tokens"] == 1
+    assert repeat["results"][0]["probabilities"] == pytest.approx(
+        warm["results"][0]["probabilities"], abs=1e-6
+    )
+
+
+def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> None:
+    small = make_engine(tiny_gguf, kv_cells=128)
+    try:
+        with pytest.raises(CapacityError, match="KV cells"):
+            small.score([list(range(10)) + [i % 200 for i in range(200)]])
+    finally:
+        small.close()
+
+
+def test_slot_readout_matches_full_vocabulary_softmax(engine: LlamaEngine) -> None:
+    service = DecisionService(engine=engine, max_tokens=1024, model={})
+    ((_, tokens),) = service.render([questions()[0]], "single")
+    scores, _ = engine.score([tokens])
+    slots = list(engine.slot_token_ids[:3])
+    readout = read_slots(scores[0].logits, slots)
+    logits = scores[0].logits.astype(np.float64)
+    full = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert readout.allowed_token_mass == pytest.approx(full[slots].sum(), rel=1e-6)
+    assert readout.probabilities == pytest.approx(full[slots] / full[slots].sum(), rel=1e-6)

@@ -1,0 +1,199 @@
+"""Settings, model discovery and manifest checks, schema rules and the readout arithmetic."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapter.model_files import ModelFilesError, discover_gguf, resolve_model_files
+from adapter.readout import NonFiniteLogitsError, read_slots, softmax
+from adapter.schema import RequestError, parse_decision_request
+from adapter.settings import SettingsError, load_settings
+from tests.conftest import decision
+
+# -- settings -----------------------------------------------------------------------------
+
+
+def test_settings_defaults_match_the_container_contract() -> None:
+    settings = load_settings({})
+    assert settings.port == 8080
+    assert settings.model_dir == Path("/opt/ml/model")
+    assert (settings.max_tokens, settings.max_in_flight) == (4096, 1)
+    assert (settings.max_shared_decisions, settings.max_body_bytes) == (64, 1 << 20)
+    assert settings.n_gpu_layers == 0
+
+
+def test_sagemaker_port_wins_over_semif_port() -> None:
+    env = {"SAGEMAKER_BIND_TO_PORT": "9001", "SEMIF_PORT": "9002"}
+    assert load_settings(env).port == 9001
+    assert load_settings({"SEMIF_PORT": "9002"}).port == 9002
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("SEMIF_THREADS", "0", "SEMIF_THREADS=0 is out of range; allowed 1.."),
+        ("SEMIF_N_GPU_LAYERS", "-2", "SEMIF_N_GPU_LAYERS=-2 is out of range; allowed -1..100000"),
+        ("SEMIF_MAX_TOKENS", "ten", "SEMIF_MAX_TOKENS='ten' is not an integer; allowed 64..131072"),
+        ("SEMIF_MAX_IN_FLIGHT", "0", "SEMIF_MAX_IN_FLIGHT=0 is out of range; allowed 1..64"),
+        ("SEMIF_MAX_SHARED_DECISIONS", "2000", "allowed 1..1024"),
+        ("SEMIF_MAX_BODY_BYTES", "10", "SEMIF_MAX_BODY_BYTES=10 is out of range; allowed 1024.."),
+        ("SAGEMAKER_BIND_TO_PORT", "70000", "SAGEMAKER_BIND_TO_PORT=70000 is out of range"),
+        ("SEMIF_GGUF_PATH", "/nonexistent.gguf", "SEMIF_GGUF_PATH=/nonexistent.gguf is not a file"),
+        ("LLAMA_CPP_LIB_PATH", "/nonexistent", "LLAMA_CPP_LIB_PATH=/nonexistent is not a dir"),
+    ],
+)
+def test_invalid_setting_names_variable_and_range(name: str, value: str, expected: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings({name: value})
+    assert expected in str(raised.value)
+
+
+# -- model discovery and manifest ---------------------------------------------------------
+
+
+def test_discovery_finds_one_level_below(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "m.gguf").write_bytes(b"GGUF")
+    assert discover_gguf(tmp_path) == tmp_path / "sub" / "m.gguf"
+
+
+def test_discovery_lists_what_it_found_when_ambiguous(tmp_path: Path) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"1")
+    (tmp_path / "b.gguf").write_bytes(b"2")
+    with pytest.raises(ModelFilesError, match=r"found 2: a\.gguf, b\.gguf"):
+        discover_gguf(tmp_path)
+
+
+def test_discovery_refuses_an_empty_directory(tmp_path: Path) -> None:
+    with pytest.raises(ModelFilesError, match="found 0: none"):
+        discover_gguf(tmp_path)
+
+
+def _manifest(directory: Path, gguf: Path, **overrides: object) -> None:
+    data = gguf.read_bytes()
+    entry = {"file": gguf.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    entry.update(overrides)
+    manifest = {"schema_version": 1, "source": {"uri": "s3://b/k.gguf", "revision": None}}
+    manifest["gguf"] = entry
+    (directory / "model-manifest.json").write_text(json.dumps(manifest))
+
+
+def test_manifest_match_reports_identity(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF-bytes")
+    _manifest(tmp_path, gguf)
+    identity = resolve_model_files(tmp_path, None).identity
+    assert identity["sha256"] == hashlib.sha256(b"GGUF-bytes").hexdigest()
+    assert identity["source"] == "s3://b/k.gguf"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"sha256": "0" * 64}, "does not match manifest " + "0" * 64),
+        ({"bytes": 3}, "size 10 bytes does not match manifest 3"),
+        ({"file": "other.gguf"}, "gguf.file is 'other.gguf'"),
+    ],
+)
+def test_manifest_mismatch_refuses_to_start(
+    tmp_path: Path, override: dict[str, object], message: str
+) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF-bytes")
+    _manifest(tmp_path, gguf, **override)
+    with pytest.raises(ModelFilesError, match=message):
+        resolve_model_files(tmp_path, None)
+
+
+# -- readout ------------------------------------------------------------------------------
+
+
+def test_softmax_is_stable_for_huge_logits() -> None:
+    result = softmax(np.array([1e4, 1e4 - 1.0, -1e4]))
+    assert np.isfinite(result).all()
+    assert abs(result.sum() - 1.0) < 1e-12
+    assert result[0] > result[1] > result[2]
+
+
+def test_read_slots_restricts_and_measures_mass() -> None:
+    logits = np.log(np.array([0.5, 0.25, 0.125, 0.125], dtype=np.float32))
+    readout = read_slots(logits, [1, 0])
+    assert readout.probabilities == pytest.approx([1 / 3, 2 / 3])
+    assert readout.allowed_token_mass == pytest.approx(0.75, abs=1e-6)
+    assert readout.top_token_id == 0
+
+
+def test_read_slots_refuses_nan() -> None:
+    with pytest.raises(NonFiniteLogitsError):
+        read_slots(np.array([0.0, np.nan], dtype=np.float32), [0, 1])
+
+
+# -- schema -------------------------------------------------------------------------------
+
+
+def _error(body: object, max_shared: int = 64) -> str:
+    with pytest.raises(RequestError) as raised:
+        parse_decision_request(body, max_shared)
+    return str(raised.value)
+
+
+def test_schema_accepts_single_and_shared() -> None:
+    assert parse_decision_request({"decision": decision()}, 64)[0] == "single"
+    mode, parsed = parse_decision_request(
+        {"decisions": [decision("a"), decision("b", question="Urgent?")]}, 64
+    )
+    assert (mode, [d.id for d in parsed]) == ("shared", ["a", "b"])
+
+
+def test_schema_state_may_be_json() -> None:
+    _, parsed = parse_decision_request({"decision": decision(state={"k": [1, "é"]})}, 64)
+    assert parsed[0].state_text == '{"k": [1, "é"]}'
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([], "body: must be a JSON object"),
+        ({}, 'body: give exactly one of "decision" or "decisions"'),
+        ({"decision": decision(), "decisions": []}, "body: give exactly one of"),
+        ({"decision": decision(), "extra": 1}, "body.extra: unknown field"),
+        ({"decision": {**decision(), "question": " "}}, "decision.question: must be a non-empty"),
+        ({"decision": {**decision(), "state": ""}}, "decision.state: must not be empty"),
+        ({"decision": {**decision(), "state": 3}}, "decision.state: must be a non-empty string"),
+        ({"decision": {**decision(), "state": {}}}, "decision.state: must not be an empty"),
+        (
+            {"decision": decision(options=(("a", "A"),))},
+            "decision.options: has 1 options; allowed 2..16",
+        ),
+        (
+            {"decision": decision(options=tuple((f"o{i}", "x") for i in range(17)))},
+            "decision.options: has 17 options; allowed 2..16",
+        ),
+        (
+            {"decision": decision(options=(("a", "A"), ("b", "B"), ("a", "C")))},
+            'decision.options[2].id: duplicate "a"',
+        ),
+        (
+            {"decision": {**decision(), "options": [{"id": "a"}, {"id": "b", "description": "B"}]}},
+            "decision.options[0].description: is required",
+        ),
+        ({"decisions": []}, "decisions: must be a non-empty array"),
+        ({"decisions": [decision("a"), decision("a")]}, 'decisions[1].id: duplicate "a"'),
+        (
+            {"decisions": [decision("a"), decision("b", state="other")]},
+            "decisions[1].state: must be exactly equal to decisions[0].state",
+        ),
+    ],
+)
+def test_schema_errors_name_the_path_and_rule(body: object, message: str) -> None:
+    assert message in _error(body)
+
+
+def test_shared_limit_names_the_setting() -> None:
+    body = {"decisions": [decision(str(i)) for i in range(3)]}
+    assert "has 3 decisions; the limit is 2 (SEMIF_MAX_SHARED_DECISIONS)" in _error(body, 2)
