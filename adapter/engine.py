@@ -81,6 +81,7 @@ class LlamaEngine:
         max_branches: int,
         threads: int | None,
         n_gpu_layers: int,
+        prefix_reuse: bool = True,
     ) -> None:
         llama_cpp._logger.set_verbose(False)  # native INFO chatter off; errors still print
         llama_cpp.llama_backend_init()
@@ -109,6 +110,7 @@ class LlamaEngine:
         self._memory = llama_cpp.llama_get_memory(self._context)
         self.kv_cells = kv_cells
         self.threads = n_threads
+        self.prefix_reuse = prefix_reuse
         self._cached: list[int] = []
         self.chat_template = ChatTemplate(
             self._chat_template_source(gguf),
@@ -194,6 +196,7 @@ class LlamaEngine:
             "kv_cells": self.kv_cells,
             "max_branches": self.max_branches,
             "threads": self.threads,
+            "prefix_reuse": self.prefix_reuse,
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
         }
 
@@ -216,6 +219,8 @@ class LlamaEngine:
         for prompt in prompts[1:]:
             prefix_length = min(prefix_length, common_prefix_length(prompts[0], prompt))
         prefix = list(prompts[0][:prefix_length])
+        if not self.prefix_reuse:
+            self.reset()
         try:
             reused, prefill_seconds = self._extend_prefix(prefix)
             scores: list[PromptScore] = []

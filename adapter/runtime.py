@@ -44,6 +44,7 @@ def load_service(settings: Settings) -> DecisionService:
         max_branches=settings.max_shared_decisions,
         threads=settings.threads,
         n_gpu_layers=settings.n_gpu_layers,
+        prefix_reuse=settings.prefix_reuse,
     )
     model = {
         **files.identity,

@@ -32,6 +32,7 @@ class Settings:
     max_shared_decisions: int = 64
     max_body_bytes: int = 1 << 20
     llama_lib_path: Path | None = None
+    prefix_reuse: bool = True
 
     @property
     def kv_cells(self) -> int:
@@ -65,6 +66,17 @@ def _port(env: Mapping[str, str]) -> int:
     return 8080
 
 
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a boolean; allowed true or false")
+
+
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     raw = env.get(name, "").strip()
     return Path(raw) if raw else None
@@ -92,4 +104,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_shared_decisions=_required_int(env, "SEMIF_MAX_SHARED_DECISIONS", 64, 1, 1024),
         max_body_bytes=_required_int(env, "SEMIF_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20),
         llama_lib_path=lib_path,
+        prefix_reuse=_flag(env, "SEMIF_PREFIX_REUSE", default=True),
     )

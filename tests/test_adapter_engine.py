@@ -18,10 +18,21 @@ from model_build.tiny_gguf import write_tiny_gguf
 STATE = "Order 1182 arrived damaged; the customer wants a refund and is angry."
 
 
-def make_engine(gguf: Path, **overrides: int) -> LlamaEngine:
-    options = {"kv_cells": 4096, "max_branches": 16, "threads": 2, "n_gpu_layers": 0}
-    options.update(overrides)
-    return LlamaEngine(gguf, **options)
+def make_engine(
+    gguf: Path,
+    *,
+    kv_cells: int = 4096,
+    max_branches: int = 16,
+    prefix_reuse: bool = True,
+) -> LlamaEngine:
+    return LlamaEngine(
+        gguf,
+        kv_cells=kv_cells,
+        max_branches=max_branches,
+        threads=2,
+        n_gpu_layers=0,
+        prefix_reuse=prefix_reuse,
+    )
 
 
 @pytest.fixture
@@ -118,6 +129,17 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(engine: LlamaEngine) -> None
     assert repeat["results"][0]["probabilities"] == pytest.approx(
         warm["results"][0]["probabilities"], abs=1e-6
     )
+
+
+def test_prefix_reuse_can_be_disabled(tiny_gguf: Path) -> None:
+    fresh = make_engine(tiny_gguf, prefix_reuse=False)
+    try:
+        service = DecisionService(engine=fresh, max_tokens=1024, model={})
+        service.decide(questions()[:1], "single")
+        again = service.decide(questions()[:1], "single")
+        assert again["timing"]["reused_tokens"] == 0
+    finally:
+        fresh.close()
 
 
 def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> None:

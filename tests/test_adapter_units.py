@@ -45,6 +45,7 @@ def test_sagemaker_port_wins_over_semif_port() -> None:
         ("SAGEMAKER_BIND_TO_PORT", "70000", "SAGEMAKER_BIND_TO_PORT=70000 is out of range"),
         ("SEMIF_GGUF_PATH", "/nonexistent.gguf", "SEMIF_GGUF_PATH=/nonexistent.gguf is not a file"),
         ("LLAMA_CPP_LIB_PATH", "/nonexistent", "LLAMA_CPP_LIB_PATH=/nonexistent is not a dir"),
+        ("SEMIF_PREFIX_REUSE", "maybe", "SEMIF_PREFIX_REUSE='maybe' is not a boolean"),
     ],
 )
 def test_invalid_setting_names_variable_and_range(name: str, value: str, expected: str) -> None:
