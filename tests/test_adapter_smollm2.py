@@ -1,0 +1,83 @@
+"""Behaviour on a real instruction-tuned model (the embedded SmolLM2-135M).
+
+The model is far too small for accurate decisions; these tests check what must hold for any
+chat model: its letters pass the slot checks, it puts most next-token mass on the answer
+letters, shared batches agree with single scoring, and reuse only changes the cost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapter.engine import LlamaEngine
+from adapter.schema import parse_decision_request
+from adapter.service import DecisionService
+
+# Measured on this model: a decision batched beside others differs from the same decision
+# scored alone by up to ~0.06 in probability. The cause is llama.cpp's numerics, not
+# leakage between branches: the same comparison on the f32 test model agrees within 1e-3
+# (see test_adapter_engine), and here a change of micro-batch size alone moves results.
+SMOLLM2_BATCH_TOLERANCE = 0.1
+
+
+def example(name: str) -> Any:
+    return json.loads(resources.files("adapter.examples").joinpath(name).read_text())
+
+
+@pytest.fixture(scope="module")
+def service(smollm2_gguf: Path) -> Iterator[DecisionService]:
+    engine = LlamaEngine(smollm2_gguf, kv_cells=4096, max_branches=16, threads=2, n_gpu_layers=0)
+    yield DecisionService(engine=engine, max_tokens=2048, model={})
+    engine.close()
+
+
+def test_letters_are_single_tokens_of_the_real_tokenizer(service: DecisionService) -> None:
+    engine = service.engine
+    assert [engine.piece(token) for token in engine.slot_token_ids] == list("ABCDEFGHIJKLMNOP")
+
+
+def test_model_answers_with_a_letter(service: DecisionService) -> None:
+    _, decisions = parse_decision_request(example("decision.json"), 64)
+    result = service.decide(decisions, "single")["results"][0]
+    assert result["allowed_token_mass"] > 0.5
+    assert result["top_token"] in {"A", "B", "C"}
+
+
+def test_shared_batch_agrees_with_single_scoring(service: DecisionService) -> None:
+    _, decisions = parse_decision_request(example("shared-decisions.json"), 64)
+    shared = service.decide(decisions, "shared")
+    assert shared["timing"]["prefix_tokens"] > 40
+    assert shared["timing"]["branch_waves"] == 1
+    for decision, batched in zip(decisions, shared["results"], strict=True):
+        service.engine.reset()
+        alone = service.decide([decision], "single")["results"][0]
+        assert batched["prompt_sha256"] == alone["prompt_sha256"]
+        assert batched["probabilities"] == pytest.approx(
+            alone["probabilities"], abs=SMOLLM2_BATCH_TOLERANCE
+        )
+
+
+def test_shared_batch_is_deterministic(service: DecisionService) -> None:
+    _, decisions = parse_decision_request(example("shared-decisions.json"), 64)
+    service.engine.reset()
+    first = service.decide(decisions, "shared")["results"]
+    service.engine.reset()
+    second = service.decide(decisions, "shared")["results"]
+    for one, two in zip(first, second, strict=True):
+        assert one["probabilities"] == pytest.approx(two["probabilities"], abs=1e-9)
+
+
+def test_new_question_about_same_state_reuses_the_state(service: DecisionService) -> None:
+    _, decisions = parse_decision_request(example("shared-decisions.json"), 64)
+    service.engine.reset()
+    service.decide(decisions[:1], "single")
+    follow_up = service.decide(decisions[1:2], "single")
+    timing = follow_up["timing"]
+    assert timing["reused_tokens"] > 60  # system prompt + the state
+    assert timing["evaluated_tokens"] < follow_up["results"][0]["input_tokens"] / 2
