@@ -149,9 +149,9 @@ def _gate_scoring(runtime: Runtime, gate: threading.Event) -> None:
     assert service is not None
     real_score = service.engine.score
 
-    def gated(prompts: Any) -> Any:
+    def gated(*args: Any, **kwargs: Any) -> Any:
         gate.wait(10)
-        return real_score(prompts)
+        return real_score(*args, **kwargs)
 
     service.engine.score = gated  # type: ignore[method-assign]
 
@@ -193,7 +193,7 @@ def test_unexpected_error_is_500_with_request_id(tiny_client: TestClient) -> Non
     service = runtime_of(tiny_client).service
     assert service is not None
 
-    def broken(prompts: Any) -> Any:
+    def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
     service.engine.score = broken  # type: ignore[method-assign]
@@ -209,7 +209,7 @@ def test_native_failure_turns_ping_unhealthy(tiny_client: TestClient) -> None:
     service = runtime_of(tiny_client).service
     assert service is not None
 
-    def crashed(prompts: Any) -> Any:
+    def crashed(*args: Any, **kwargs: Any) -> Any:
         raise NativeFailureError("llama_decode failed with status -3")
 
     service.engine.score = crashed  # type: ignore[method-assign]

@@ -1,0 +1,188 @@
+"""Smoke-test a built adapter image before it is pushed (run by adapter/buildspec.yml).
+
+Starts the image the way SageMaker does (`docker run IMAGE serve`, model mounted at
+/opt/ml/model), waits for `/ping`, checks the reported ggml backends (a CUDA image must
+report CUDA), scores one decision and one shared-state pair (the path that needs the
+binding's KV-cache sequence API to match the DLC's libllama) and checks the answers.
+stdlib only: it runs on the CodeBuild host, not in the image. Exit status 0 means the
+image may be pushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+CONTAINER_PORT = "8080/tcp"
+DECISION: dict[str, Any] = {
+    "decision": {
+        "id": "smoke",
+        "state": "The customer cannot sign in after resetting the password.",
+        "question": "Which queue should handle this request?",
+        "options": [
+            {"id": "account-access", "description": "Account access support."},
+            {"id": "billing", "description": "Billing support."},
+        ],
+    }
+}
+
+SHARED: dict[str, Any] = {
+    "decisions": [
+        {**DECISION["decision"], "id": "smoke-queue"},
+        {
+            **DECISION["decision"],
+            "id": "smoke-urgent",
+            "question": "Is this urgent?",
+            "options": [
+                {"id": "yes", "description": "Yes."},
+                {"id": "no", "description": "No."},
+            ],
+        },
+    ]
+}
+
+
+class SmokeError(RuntimeError):
+    """The image did not behave like a serving decision endpoint."""
+
+
+def docker(*args: str) -> str:
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SmokeError(f"docker {args[0]} failed: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def start(image: str, model_dir: Path, gpus: str | None) -> str:
+    """Run detached with the model read-only, port 8080 published on loopback only."""
+    args = ["run", "--detach", "--publish", f"127.0.0.1::{CONTAINER_PORT.split('/')[0]}"]
+    args += ["--volume", f"{model_dir.resolve()}:/opt/ml/model:ro"]
+    if gpus:
+        args += ["--gpus", gpus]
+    return docker(*args, image, "serve")
+
+
+def base_url(container: str) -> str:
+    mapping = docker("port", container, CONTAINER_PORT).splitlines()[0]
+    return f"http://{mapping.strip()}"
+
+
+def request(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(  # noqa: S310 - loopback http URL built above
+        url, data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as response:  # noqa: S310
+            return int(response.status), json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        return int(error.code), {"error": error.read().decode(errors="replace")[:500]}
+
+
+def running(container: str) -> bool:
+    return docker("inspect", "--format", "{{.State.Running}}", container) == "true"
+
+
+def wait_for_ping(url: str, container: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not running(container):
+            raise SmokeError("the container exited before /ping answered 200")
+        try:
+            status, body = request(f"{url}/ping")
+        except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
+            status, body = 0, {}
+        if status == 200:
+            return body
+        time.sleep(2)
+    raise SmokeError(f"/ping did not answer 200 within {timeout_s:.0f} s")
+
+
+def check_backends(ping: dict[str, Any], expected: str) -> list[str]:
+    backends = [str(name) for name in ping.get("backends") or []]
+    if expected not in backends:
+        raise SmokeError(f"/ping reports backends {backends}; expected {expected!r} among them")
+    return backends
+
+
+def check_decision(answer: dict[str, Any]) -> list[float]:
+    result = answer.get("result")
+    if not isinstance(result, dict):
+        raise SmokeError(f"/invocations returned no 'result': {str(answer)[:300]}")
+    expected_ids = [option["id"] for option in DECISION["decision"]["options"]]
+    if result.get("id") != "smoke" or result.get("option_ids") != expected_ids:
+        raise SmokeError(f"result ids do not match the request: {str(result)[:300]}")
+    probabilities = [float(p) for p in result.get("probabilities", [])]
+    if len(probabilities) != len(expected_ids) or not math.isclose(
+        sum(probabilities), 1.0, abs_tol=1e-3
+    ):
+        raise SmokeError(f"probabilities {probabilities} are not a distribution over the options")
+    return probabilities
+
+
+def check_shared(answer: dict[str, Any]) -> list[str]:
+    """Both branches answered, in order, after one shared prefix was evaluated."""
+    results = answer.get("results")
+    if not isinstance(results, list) or [r.get("id") for r in results] != [
+        "smoke-queue",
+        "smoke-urgent",
+    ]:
+        raise SmokeError(f"shared request returned wrong results: {str(answer)[:300]}")
+    if not answer.get("timing", {}).get("prefix_tokens"):
+        raise SmokeError(f"shared request evaluated no common prefix: {str(answer)[:300]}")
+    for result in results:
+        total = sum(float(p) for p in result.get("probabilities", []))
+        if not math.isclose(total, 1.0, abs_tol=1e-3):
+            raise SmokeError(f"shared result {result.get('id')} sums to {total}")
+    return [str(result["id"]) for result in results]
+
+
+def smoke(image: str, model_dir: Path, backend: str, gpus: str | None, timeout_s: float) -> None:
+    container = start(image, model_dir, gpus)
+    try:
+        url = base_url(container)
+        ping = wait_for_ping(url, container, timeout_s)
+        backends = check_backends(ping, backend)
+        status, answer = request(f"{url}/invocations", DECISION)
+        if status != 200:
+            raise SmokeError(f"/invocations answered {status}: {str(answer)[:300]}")
+        probabilities = check_decision(answer)
+        status, shared = request(f"{url}/invocations", SHARED)
+        if status != 200:
+            raise SmokeError(f"shared /invocations answered {status}: {str(shared)[:300]}")
+        check_shared(shared)
+        print(json.dumps({"smoke": "passed", "backends": backends, "probabilities": probabilities}))
+    except SmokeError:
+        print(docker("logs", "--tail", "200", container), file=sys.stderr)
+        raise
+    finally:
+        subprocess.run(["docker", "rm", "--force", container], capture_output=True, check=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image", required=True)
+    parser.add_argument("--model-dir", type=Path, required=True, help="holds one tiny .gguf")
+    parser.add_argument("--backend", required=True, help="ggml backend /ping must report")
+    parser.add_argument("--gpus", default="", help="docker --gpus value; empty for CPU")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /ping")
+    args = parser.parse_args(argv)
+    try:
+        smoke(args.image, args.model_dir, args.backend, args.gpus or None, args.timeout)
+    except SmokeError as error:
+        print(f"image smoke test failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

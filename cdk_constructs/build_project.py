@@ -1,0 +1,118 @@
+"""CodeBuild project with a role that holds only what the build needs.
+
+The role is handed to CodeBuild as immutable so the L2 construct cannot widen it
+(report groups, `/aws/codebuild/*` logs); each build adds its own statements, naming ARNs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from aws_cdk import Duration, IgnoreMode, RemovalPolicy
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3_assets as s3_assets
+from constructs import Construct
+
+BUILD_IMAGE = codebuild.LinuxBuildImage.AMAZON_LINUX_2023_5
+GPU_ENVIRONMENT_TYPE = "LINUX_GPU_CONTAINER"
+
+
+class RepoSource(Construct):
+    """Upload only the named top-level paths of the repository as a CodeBuild source.
+
+    Docker-style ignore rules anchor patterns at the root, so `*` plus `!name` keeps exactly
+    the build inputs; the asset hash then changes only when an input changes.
+    """
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, root: Path, include: Sequence[str]
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.asset = s3_assets.Asset(
+            self,
+            "Asset",
+            path=str(root),
+            ignore_mode=IgnoreMode.DOCKER,
+            exclude=["*", *(f"!{name}" for name in include), "**/__pycache__", "**/*.pyc"],
+        )
+
+    @property
+    def asset_hash(self) -> str:
+        return self.asset.asset_hash
+
+
+class BuildProject(Construct):
+    """A KMS-encrypted CodeBuild project reading `source`, logging to its own log group."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        description: str,
+        source: RepoSource,
+        buildspec_path: str,
+        environment_variables: Mapping[str, str],
+        encryption_key: kms.IKey,
+        compute_type: codebuild.ComputeType,
+        timeout: Duration,
+        removal_policy: RemovalPolicy,
+        privileged: bool = False,
+        gpu: bool = False,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            retention=logs.RetentionDays.THREE_MONTHS,
+            removal_policy=removal_policy,
+        )
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
+            description=description,
+        )
+        self.project = codebuild.Project(
+            self,
+            "Project",
+            description=description,
+            role=self.role.without_policy_updates(),
+            source=codebuild.Source.s3(bucket=source.asset.bucket, path=source.asset.s3_object_key),
+            build_spec=codebuild.BuildSpec.from_source_filename(buildspec_path),
+            environment=codebuild.BuildEnvironment(
+                build_image=BUILD_IMAGE, compute_type=compute_type, privileged=privileged
+            ),
+            environment_variables={
+                name: codebuild.BuildEnvironmentVariable(value=value)
+                for name, value in sorted(environment_variables.items())
+            },
+            encryption_key=encryption_key,
+            logging=codebuild.LoggingOptions(
+                cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=self.log_group)
+            ),
+            timeout=timeout,
+            grant_report_group_permissions=False,
+        )
+        if gpu:
+            cfn_project = self.project.node.default_child
+            assert isinstance(cfn_project, codebuild.CfnProject)
+            cfn_project.add_property_override("Environment.Type", GPU_ENVIRONMENT_TYPE)
+        # The build must not start before its permissions exist.
+        self.project.node.add_dependency(self.role)
+        self.allow(["logs:CreateLogStream", "logs:PutLogEvents"], [self.log_group.log_group_arn])
+        self.allow(
+            ["s3:GetObject", "s3:GetObjectVersion"],
+            [source.asset.bucket.arn_for_objects(source.asset.s3_object_key)],
+        )
+        self.allow(["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"], [encryption_key.key_arn])
+
+    def allow(self, actions: Sequence[str], resources: Sequence[str]) -> None:
+        """Grant the build `actions` on exactly `resources`."""
+        self.role.add_to_policy(
+            iam.PolicyStatement(actions=list(actions), resources=list(resources))
+        )

@@ -1,0 +1,1 @@
+"""Lambda code for the deploy-time CodeBuild runner (see `handler.py`)."""

@@ -1,0 +1,148 @@
+"""What keeps an endpoint healthy once deployed: target-tracking scaling and alarms."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aws_cdk import Duration
+from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from constructs import Construct
+
+from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
+from stacks.config import AlarmThresholds, Autoscaling, ScalingMetric
+
+_PREDEFINED = appscaling.PredefinedMetric
+_PREDEFINED_METRIC = {
+    ScalingMetric.INVOCATIONS: _PREDEFINED.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE,
+    ScalingMetric.CONCURRENCY: (
+        _PREDEFINED.SAGEMAKER_VARIANT_CONCURRENT_REQUESTS_PER_MODEL_HIGH_RESOLUTION
+    ),
+}
+PERIOD = Duration.minutes(1)
+EVALUATION_PERIODS = 5
+DATAPOINTS_TO_ALARM = 3
+INVOCATION_NAMESPACE = "AWS/SageMaker"
+INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
+
+
+class EndpointAutoscaling(Construct):
+    """Track invocations or concurrent requests per instance between min and max."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        endpoint: SageMakerEndpoint,
+        settings: Autoscaling,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.target = appscaling.ScalableTarget(
+            self,
+            "Target",
+            service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
+            resource_id=f"endpoint/{endpoint.endpoint_name}/variant/{endpoint.variant_name}",
+            scalable_dimension="sagemaker:variant:DesiredInstanceCount",
+            min_capacity=settings.min_capacity,
+            max_capacity=settings.max_capacity,
+        )
+        # The variant must exist before Application Auto Scaling can register it.
+        self.target.node.add_dependency(endpoint.endpoint)
+        self.target.scale_to_track_metric(
+            "Tracking",
+            predefined_metric=_PREDEFINED_METRIC[settings.metric],
+            target_value=settings.target_value,
+            scale_in_cooldown=Duration.minutes(5),
+            scale_out_cooldown=Duration.minutes(1),
+        )
+
+
+class EndpointAlarms(Construct):
+    """5XX rate, p95 model latency and instance health (memory, disk) for one variant.
+
+    With GPU instance pools SageMaker adds an `InstanceType` dimension, so the alarms are
+    repeated for each pool type next to the variant-wide set; the types not chosen stay
+    without data, which counts as not breaching.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        endpoint: SageMakerEndpoint,
+        thresholds: AlarmThresholds,
+        instance_types: Sequence[str] = (),
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.alarms: list[cloudwatch.Alarm] = []
+        base = {"EndpointName": endpoint.endpoint_name, "VariantName": endpoint.variant_name}
+        for instance_type in (None, *instance_types):
+            dimensions = base if instance_type is None else {**base, "InstanceType": instance_type}
+            label = "" if instance_type is None else f" on {instance_type}"
+            prefix = "Variant" if instance_type is None else instance_type.replace(".", "")
+            self.alarms += self._alarm_set(prefix, label, dimensions, thresholds)
+        for alarm in self.alarms:
+            alarm.node.add_dependency(endpoint.endpoint)
+
+    def _alarm_set(
+        self,
+        prefix: str,
+        label: str,
+        dimensions: dict[str, str],
+        thresholds: AlarmThresholds,
+    ) -> list[cloudwatch.Alarm]:
+        def metric(namespace: str, name: str, statistic: str) -> cloudwatch.Metric:
+            return cloudwatch.Metric(
+                namespace=namespace,
+                metric_name=name,
+                dimensions_map=dimensions,
+                statistic=statistic,
+                period=PERIOD,
+            )
+
+        error_rate = cloudwatch.MathExpression(
+            expression="IF(invocations > 0, 100 * FILL(errors, 0) / invocations, 0)",
+            using_metrics={
+                "errors": metric(INVOCATION_NAMESPACE, "Invocation5XXErrors", "Sum"),
+                "invocations": metric(INVOCATION_NAMESPACE, "Invocations", "Sum"),
+            },
+            period=PERIOD,
+            label="5XX error rate (%)",
+        )
+        checks: list[tuple[str, str, cloudwatch.IMetric, float]] = [
+            ("5xx", "5XX error rate (%)", error_rate, thresholds.five_xx_rate_percent),
+            (
+                "Latency",
+                "p95 ModelLatency (microseconds)",
+                metric(INVOCATION_NAMESPACE, "ModelLatency", "p95"),
+                thresholds.p95_model_latency_ms * 1000.0,
+            ),
+            (
+                "Memory",
+                "instance MemoryUtilization (%)",
+                metric(INSTANCE_NAMESPACE, "MemoryUtilization", "Maximum"),
+                thresholds.max_memory_utilization_percent,
+            ),
+            (
+                "Disk",
+                "instance DiskUtilization (%)",
+                metric(INSTANCE_NAMESPACE, "DiskUtilization", "Maximum"),
+                thresholds.max_disk_utilization_percent,
+            ),
+        ]
+        return [
+            cloudwatch.Alarm(
+                self,
+                f"{prefix}{name}",
+                alarm_description=f"{description}{label} above {threshold:g}",
+                metric=alarm_metric,
+                threshold=threshold,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                evaluation_periods=EVALUATION_PERIODS,
+                datapoints_to_alarm=DATAPOINTS_TO_ALARM,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            for name, description, alarm_metric, threshold in checks
+        ]

@@ -1,0 +1,149 @@
+"""The adapter image: ECR repository and the CodeBuild project that builds one flavor."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from cdk_constructs.build_project import BuildProject, RepoSource
+from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT
+from cdk_constructs.nag import acknowledge
+
+BUILDSPEC = "adapter/buildspec.yml"
+SOURCE_PATHS = ("adapter", "model_build", "pyproject.toml")
+# Keep enough history to roll back; an endpoint's image must never be expired under it.
+KEEP_IMAGES = 30
+IMAGE_URI_VARIABLE = "IMAGE_URI"
+
+
+class ImageFlavor(enum.Enum):
+    """CPU or CUDA child image: its Dockerfile and the ggml backend its smoke test expects."""
+
+    CPU = ("cpu", "adapter/Dockerfile", "CPU")
+    CUDA = ("cuda", "adapter/Dockerfile.gpu", "CUDA")
+
+    def __init__(self, label: str, dockerfile: str, backend: str) -> None:
+        self.label = label
+        self.dockerfile = dockerfile
+        self.backend = backend
+
+    @property
+    def gpu(self) -> bool:
+        return self is ImageFlavor.CUDA
+
+
+def image_tag(flavor: ImageFlavor, source_hash: str, base_image: str) -> str:
+    """A tag that is a hash of every build input: source files, flavor and base digest."""
+    digest = hashlib.sha256(f"{flavor.label}|{source_hash}|{base_image}".encode()).hexdigest()
+    return f"{flavor.label}-{digest[:32]}"
+
+
+class ImageRepository(Construct):
+    """Private ECR repository: immutable tags, scan on push, bounded history."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, removal_policy: RemovalPolicy
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.repository = ecr.Repository(
+            self,
+            "Repository",
+            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
+            image_scan_on_push=True,
+            encryption=ecr.RepositoryEncryption.AES_256,
+            lifecycle_rules=[
+                ecr.LifecycleRule(
+                    description="Drop untagged layers left by interrupted pushes",
+                    tag_status=ecr.TagStatus.UNTAGGED,
+                    max_image_age=Duration.days(1),
+                    rule_priority=1,
+                ),
+                ecr.LifecycleRule(
+                    description=f"Keep the newest {KEEP_IMAGES} images",
+                    tag_status=ecr.TagStatus.ANY,
+                    max_image_count=KEEP_IMAGES,
+                    rule_priority=2,
+                ),
+            ],
+            removal_policy=removal_policy,
+            empty_on_delete=removal_policy == RemovalPolicy.DESTROY,
+        )
+
+
+class ImageBuildProject(Construct):
+    """Build one flavor FROM its digest-pinned DLC, smoke-test it, push it, export its digest.
+
+    The tag is a hash of the inputs, so an unchanged input set reuses the pushed image.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        flavor: ImageFlavor,
+        base_image: str,
+        source: RepoSource,
+        repository: ecr.IRepository,
+        encryption_key: kms.IKey,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.flavor = flavor
+        self.image_tag = image_tag(flavor, source.asset_hash, base_image)
+        self.build = BuildProject(
+            self,
+            "Project",
+            description=f"Builds, smoke-tests and pushes the {flavor.label} adapter image",
+            source=source,
+            buildspec_path=BUILDSPEC,
+            environment_variables={
+                "ECR_REPOSITORY_URI": repository.repository_uri,
+                "IMAGE_TAG": self.image_tag,
+                "DOCKERFILE": flavor.dockerfile,
+                "DLC_IMAGE": base_image,
+                "SMOKE_BACKEND": flavor.backend,
+                "SMOKE_GPUS": "all" if flavor.gpu else "",
+            },
+            encryption_key=encryption_key,
+            compute_type=codebuild.ComputeType.LARGE,
+            timeout=MAX_BUILD_TIMEOUT,
+            removal_policy=removal_policy,
+            privileged=True,
+            gpu=flavor.gpu,
+        )
+        acknowledge(
+            self.build.project,
+            "AwsSolutions-CB3",
+            "Privileged mode runs the Docker daemon that builds and smoke-tests the image.",
+        )
+        self.build.allow(["ecr:GetAuthorizationToken"], ["*"])
+        acknowledge(
+            self.build.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "ecr:GetAuthorizationToken has no resource-level permissions; it only issues "
+            "a login token, and every push/pull action is scoped to the one repository.",
+        )
+        self.build.allow(
+            [
+                "ecr:BatchCheckLayerAvailability",
+                "ecr:BatchGetImage",
+                "ecr:CompleteLayerUpload",
+                "ecr:DescribeImages",
+                "ecr:GetDownloadUrlForLayer",
+                "ecr:InitiateLayerUpload",
+                "ecr:PutImage",
+                "ecr:UploadLayerPart",
+            ],
+            [repository.repository_arn],
+        )
+
+    @property
+    def project(self) -> codebuild.IProject:
+        return self.build.project

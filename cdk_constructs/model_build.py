@@ -1,0 +1,81 @@
+"""The model build: CodeBuild runs `model_build/buildspec.yml` once per pinned model."""
+
+from __future__ import annotations
+
+import hashlib
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from cdk_constructs.build_project import BuildProject, RepoSource
+from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT, DeployTimeBuild
+
+BUILDSPEC = "model_build/buildspec.yml"
+SOURCE_PATHS = ("model_build", "pyproject.toml")
+# Variables model_build/buildspec.yml exports; the deploy fails if one is missing.
+ARCHIVE_URI = "MODEL_ARCHIVE_URI"
+ARCHIVE_SHA256 = "MODEL_ARCHIVE_SHA256"
+GGUF_SHA256 = "MODEL_GGUF_SHA256"
+
+
+def model_object_key(sha256: str) -> str:
+    """Content-addressed key: a new model gets a new key, so endpoints never see a swap."""
+    return f"models/{sha256}/model.tar.gz"
+
+
+class ModelBuild(Construct):
+    """Fetch the pinned GGUF, check its sha256, write `model.tar.gz` to one exact key.
+
+    The build role may write only that object (and use the bucket key); the deploy-time
+    build re-runs only when the model pin or the builder's code changes.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        source: RepoSource,
+        model_uri: str,
+        model_sha256: str,
+        bucket: s3.IBucket,
+        key: kms.IKey,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.object_key = model_object_key(model_sha256)
+        self.model_data_url = f"s3://{bucket.bucket_name}/{self.object_key}"
+        self.project = BuildProject(
+            self,
+            "Project",
+            description=f"Packages {model_uri} into model.tar.gz",
+            source=source,
+            buildspec_path=BUILDSPEC,
+            environment_variables={
+                "MODEL_SOURCE_URI": model_uri,
+                "MODEL_SHA256": model_sha256,
+                "MODEL_DEST_URI": self.model_data_url,
+                "MODEL_KMS_KEY_ID": key.key_arn,
+            },
+            encryption_key=key,
+            compute_type=codebuild.ComputeType.MEDIUM,
+            timeout=MAX_BUILD_TIMEOUT,
+            removal_policy=removal_policy,
+        )
+        self.project.allow(
+            ["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"],
+            [bucket.arn_for_objects(self.object_key)],
+        )
+        trigger = hashlib.sha256(
+            f"{source.asset_hash}|{model_uri}|{model_sha256}".encode()
+        ).hexdigest()
+        self.build = DeployTimeBuild(
+            self,
+            "Build",
+            project=self.project.project,
+            trigger=trigger,
+            output_variables=[ARCHIVE_URI, ARCHIVE_SHA256, GGUF_SHA256],
+        )

@@ -1,0 +1,1 @@
+"""One CloudFormation stack per deployable unit, plus the typed per-environment config."""

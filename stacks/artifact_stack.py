@@ -1,0 +1,66 @@
+"""Artifact stack: the model bucket and the deploy-time model build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import CfnOutput, RemovalPolicy, Stack
+from constructs import Construct
+
+from cdk_constructs.artifact_bucket import ArtifactBucket
+from cdk_constructs.build_project import RepoSource
+from cdk_constructs.model_build import (
+    ARCHIVE_SHA256,
+    ARCHIVE_URI,
+    GGUF_SHA256,
+    SOURCE_PATHS,
+    ModelBuild,
+)
+from stacks.config import ModelSource
+
+
+class ArtifactStack(Stack):
+    """Holds the only copy of `model.tar.gz`; the endpoint stacks read it by exact key.
+
+    What crosses to other stacks (bucket name/ARN, key ARN) never changes for the life of
+    the stack, so CloudFormation exports never block an update.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        repo_root: Path,
+        model: ModelSource,
+        removal_policy: RemovalPolicy,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.artifacts = ArtifactBucket(self, "Artifacts", removal_policy=removal_policy)
+        self.model_build = ModelBuild(
+            self,
+            "ModelBuild",
+            source=RepoSource(self, "ModelBuildSource", root=repo_root, include=SOURCE_PATHS),
+            model_uri=model.uri,
+            model_sha256=model.sha256,
+            bucket=self.artifacts.bucket,
+            key=self.artifacts.key,
+            removal_policy=removal_policy,
+        )
+        build = self.model_build.build
+        CfnOutput(
+            self,
+            "ModelS3Uri",
+            value=build.output(ARCHIVE_URI),
+            description="model.tar.gz the endpoints serve (written by the model build)",
+        )
+        CfnOutput(
+            self,
+            "ModelSha256",
+            value=build.output(GGUF_SHA256),
+            description="sha256 of the GGUF inside model.tar.gz, as the model build verified it",
+        )
+        CfnOutput(self, "ModelArchiveSha256", value=build.output(ARCHIVE_SHA256))
+        CfnOutput(self, "ModelBuildId", value=build.build_id)

@@ -1,0 +1,250 @@
+"""Dockerfiles, the image buildspec and the smoke test script, checked without a Docker engine."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml  # type: ignore[import-untyped]  # PyYAML (via cfn-lint); no stubs pinned
+from starlette.testclient import TestClient
+
+from adapter import image_smoke
+from cdk_constructs.image_build import BUILDSPEC, SOURCE_PATHS, ImageFlavor
+from stacks.config import PUBLISHED_DLC_IMAGES
+
+REPO = Path(__file__).resolve().parents[1]
+# The llama-cpp-python commits aws-samples/sagemaker-genai-hosting-examples validated for
+# these DLC digests (03-features/semif-decision-model/Dockerfile and Dockerfile.gpu).
+SAMPLE_BINDING_COMMITS = {
+    ImageFlavor.CPU: "8a0810fa04bde084bd3446d126831ae5bd65e373",
+    ImageFlavor.CUDA: "ea3b56bdc386d5a6f31120338ffe907211b0907c",
+}
+BASE_IMAGES = {
+    ImageFlavor.CPU: PUBLISHED_DLC_IMAGES.cpu,
+    ImageFlavor.CUDA: PUBLISHED_DLC_IMAGES.cuda,
+}
+SECRET_PATTERNS = [
+    re.compile(r"AKIA[0-9A-Z]{16}"),
+    re.compile(r"(?i)aws_secret_access_key"),
+    re.compile(r"(?i)(password|passwd|secret|token)\s*[=:]\s*\S+"),
+    re.compile(r"(?i)BEGIN (RSA |EC |OPENSSH )?PRIVATE KEY"),
+]
+
+
+def dockerfile(flavor: ImageFlavor) -> str:
+    return (REPO / flavor.dockerfile).read_text()
+
+
+def instructions(text: str) -> list[str]:
+    """Dockerfile instructions with continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [
+        line.strip()
+        for line in joined.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+@pytest.mark.parametrize("flavor", list(ImageFlavor))
+def test_dockerfile_is_from_the_digest_pinned_dlc_of_the_config(flavor: ImageFlavor) -> None:
+    lines = instructions(dockerfile(flavor))
+    assert lines[0] == f"ARG DLC_IMAGE={BASE_IMAGES[flavor]}"
+    assert lines[1] == "FROM ${DLC_IMAGE}"
+    assert [line for line in lines if line.startswith("FROM")] == ["FROM ${DLC_IMAGE}"]
+
+
+@pytest.mark.parametrize("flavor", list(ImageFlavor))
+def test_binding_is_the_commit_the_aws_sample_validated(flavor: ImageFlavor) -> None:
+    text = dockerfile(flavor)
+    assert f"ARG LLAMA_CPP_PYTHON_COMMIT={SAMPLE_BINDING_COMMITS[flavor]}" in text
+    assert "aws-samples/sagemaker-genai-hosting-examples" in text
+    assert 'CMAKE_ARGS="-DLLAMA_BUILD=OFF' in text  # reuse the DLC's libllama, build nothing
+    assert "git+https://github.com/abetlen/llama-cpp-python.git@${LLAMA_CPP_PYTHON_COMMIT}" in text
+
+
+@pytest.mark.parametrize("flavor", list(ImageFlavor))
+def test_dockerfile_uses_the_dlc_libraries_and_serve_entry_point(flavor: ImageFlavor) -> None:
+    lines = instructions(dockerfile(flavor))
+    assert any(
+        "LLAMA_CPP_LIB_PATH=/opt/llama.cpp/bin" in line for line in lines if line.startswith("ENV")
+    )
+    assert lines[-1] == 'ENTRYPOINT ["serve"]'
+    assert "EXPOSE 8080" in lines
+    assert any("import llama_cpp, adapter.serve" in line for line in lines)
+
+
+@pytest.mark.parametrize("flavor", list(ImageFlavor))
+def test_dockerfile_pins_every_pip_requirement(flavor: ImageFlavor) -> None:
+    requirements = (REPO / "requirements.txt").read_text()
+    pinned = re.findall(r'"([a-z0-9-]+)==([0-9.]+)"', dockerfile(flavor))
+    assert {name for name, _ in pinned} >= {"starlette", "uvicorn", "numpy", "jinja2"}
+    for name, version in pinned:
+        if re.search(rf"(?im)^{name}==", requirements):
+            assert f"{name}=={version}" in requirements, f"{name} differs from requirements.txt"
+    unpinned = re.findall(r'pip install[^&]*?"([a-z0-9-]+)(>=|<|~=)', dockerfile(flavor))
+    assert unpinned == []
+
+
+def test_cuda_image_offloads_and_drops_the_symbol_the_dlc_lacks() -> None:
+    text = dockerfile(ImageFlavor.CUDA)
+    assert "SEMIF_N_GPU_LAYERS=-1" in text
+    assert "Load a LoRA adapter from an open FILE pointer" in text
+
+
+@pytest.mark.parametrize(
+    "path", [f.dockerfile for f in ImageFlavor] + [BUILDSPEC, "adapter/image_smoke.py"]
+)
+def test_no_secrets_in_image_inputs(path: str) -> None:
+    text = (REPO / path).read_text()
+    for pattern in SECRET_PATTERNS:
+        assert not pattern.search(text), f"{path} matches {pattern.pattern}"
+
+
+@pytest.fixture(scope="module")
+def buildspec() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((REPO / BUILDSPEC).read_text())
+    return loaded
+
+
+def build_script(buildspec: dict[str, Any]) -> str:
+    return "\n".join(buildspec["phases"]["build"]["commands"])
+
+
+def test_buildspec_exports_the_digest_pinned_image_uri(buildspec: dict[str, Any]) -> None:
+    assert buildspec["version"] == 0.2
+    assert buildspec["env"]["exported-variables"] == ["IMAGE_URI"]
+    script = build_script(buildspec)
+    assert 'export IMAGE_URI="${ECR_REPOSITORY_URI}@${digest}"' in script
+    assert "^sha256:[0-9a-f]{64}$" in script
+    assert "post_build" not in buildspec["phases"]  # post_build would run after a failure too
+
+
+def test_buildspec_smoke_tests_before_it_pushes(buildspec: dict[str, Any]) -> None:
+    script = build_script(buildspec)
+    order = [
+        script.index("docker build"),
+        script.index("python -m model_build.tiny_gguf"),
+        script.index("adapter/image_smoke.py"),
+        script.index("docker push"),
+    ]
+    assert order == sorted(order)
+    assert '--build-arg "DLC_IMAGE=${DLC_IMAGE}"' in script
+    assert '--backend "${SMOKE_BACKEND}"' in script
+    assert "set -euo pipefail" in script
+
+
+def test_buildspec_inputs_are_in_the_uploaded_source() -> None:
+    for flavor in ImageFlavor:
+        assert (REPO / flavor.dockerfile).is_file()
+        assert flavor.dockerfile.split("/")[0] in SOURCE_PATHS
+    assert (REPO / "adapter" / "image_smoke.py").is_file()
+    assert (REPO / "model_build" / "tiny_gguf.py").is_file()
+    assert {"adapter", "model_build", "pyproject.toml"} <= set(SOURCE_PATHS)
+
+
+# --- the smoke script's checks ---------------------------------------------------------
+
+GOOD_RESULT = {
+    "result": {
+        "id": "smoke",
+        "option_ids": ["account-access", "billing"],
+        "probabilities": [0.7, 0.3],
+    }
+}
+
+GOOD_SHARED = {
+    "results": [
+        {"id": "smoke-queue", "probabilities": [0.6, 0.4]},
+        {"id": "smoke-urgent", "probabilities": [0.1, 0.9]},
+    ],
+    "timing": {"prefix_tokens": 40},
+}
+
+
+def test_backend_check_requires_the_expected_backend() -> None:
+    assert image_smoke.check_backends({"status": "ok", "backends": ["CPU", "CUDA"]}, "CUDA") == [
+        "CPU",
+        "CUDA",
+    ]
+    with pytest.raises(image_smoke.SmokeError, match="CUDA"):
+        image_smoke.check_backends({"status": "ok", "backends": ["CPU"]}, "CUDA")
+    with pytest.raises(image_smoke.SmokeError):
+        image_smoke.check_backends({"status": "ok"}, "CPU")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {},
+        {"result": {**GOOD_RESULT["result"], "id": "other"}},
+        {"result": {**GOOD_RESULT["result"], "option_ids": ["billing", "account-access"]}},
+        {"result": {**GOOD_RESULT["result"], "probabilities": [0.7, 0.7]}},
+        {"result": {**GOOD_RESULT["result"], "probabilities": [1.0]}},
+    ],
+)
+def test_decision_check_rejects_malformed_answers(answer: dict[str, Any]) -> None:
+    with pytest.raises(image_smoke.SmokeError):
+        image_smoke.check_decision(answer)
+
+
+def test_decision_check_accepts_a_distribution() -> None:
+    assert image_smoke.check_decision(GOOD_RESULT) == [0.7, 0.3]
+
+
+class FakeDocker:
+    """Records docker calls; the container 'runs' and publishes 8080 on a loopback port."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, *args: str) -> str:
+        self.calls.append(args)
+        return {"run": "c0ffee", "port": "127.0.0.1:49153", "inspect": "true", "logs": "log"}[
+            args[0]
+        ]
+
+
+@pytest.mark.parametrize(("backends", "code"), [(["CPU"], 0), ([], 1)])
+def test_main_runs_the_image_like_sagemaker_and_cleans_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backends: list[str], code: int
+) -> None:
+    fake = FakeDocker()
+    removed: list[list[str]] = []
+    requests: list[str] = []
+
+    def request(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        requests.append(url)
+        if url.endswith("/ping"):
+            return 200, {"status": "ok", "backends": backends}
+        if body == image_smoke.SHARED:
+            return 200, GOOD_SHARED
+        assert body == image_smoke.DECISION
+        return 200, GOOD_RESULT
+
+    monkeypatch.setattr(image_smoke, "docker", fake)
+    monkeypatch.setattr(image_smoke, "request", request)
+    monkeypatch.setattr(subprocess, "run", lambda args, **_: removed.append(list(args)))
+    status = image_smoke.main(
+        ["--image", "semif-adapter:cpu-x", "--model-dir", str(tmp_path), "--backend", "CPU"]
+    )
+    assert status == code
+    run = fake.calls[0]
+    assert run[-2:] == ("semif-adapter:cpu-x", "serve")
+    assert f"{tmp_path.resolve()}:/opt/ml/model:ro" in run
+    assert "127.0.0.1::8080" in run
+    assert "--gpus" not in run
+    assert requests[0] == "http://127.0.0.1:49153/ping"
+    assert removed == [["docker", "rm", "--force", "c0ffee"]]
+
+
+def test_smoke_checks_accept_the_real_adapter_answers(tiny_client: TestClient) -> None:
+    """The smoke test's expectations match what the adapter really answers."""
+    single = tiny_client.post("/invocations", json=image_smoke.DECISION).json()
+    assert len(image_smoke.check_decision(single)) == 2
+    shared = tiny_client.post("/invocations", json=image_smoke.SHARED).json()
+    assert image_smoke.check_shared(shared) == ["smoke-queue", "smoke-urgent"]
+    with pytest.raises(image_smoke.SmokeError, match="wrong results"):
+        image_smoke.check_shared({"results": shared["results"][::-1], "timing": shared["timing"]})
