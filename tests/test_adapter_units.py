@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +13,7 @@ from adapter.model_files import ModelFilesError, discover_gguf, resolve_model_fi
 from adapter.readout import NonFiniteLogitsError, read_slots, softmax
 from adapter.schema import RequestError, parse_decision_request
 from adapter.settings import SettingsError, load_settings
+from model_build.manifest import BuildInfo, GgufInfo, Manifest, SourceInfo
 from tests.conftest import decision
 
 # -- settings -----------------------------------------------------------------------------
@@ -77,11 +78,23 @@ def test_discovery_refuses_an_empty_directory(tmp_path: Path) -> None:
 
 def _manifest(directory: Path, gguf: Path, **overrides: object) -> None:
     data = gguf.read_bytes()
-    entry = {"file": gguf.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    entry.update(overrides)
-    manifest = {"schema_version": 1, "source": {"uri": "s3://b/k.gguf", "revision": None}}
-    manifest["gguf"] = entry
-    (directory / "model-manifest.json").write_text(json.dumps(manifest))
+    entry = GgufInfo(
+        file=gguf.name,
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        architecture="llama",
+        name=None,
+        file_type=None,
+        context_length=None,
+        vocab_size=10,
+        chat_template_sha256="1" * 64,
+    )
+    manifest = Manifest(
+        source=SourceInfo(uri="s3://b/k.gguf", revision=None, file="k.gguf"),
+        gguf=replace(entry, **overrides),  # type: ignore[arg-type]
+        build=BuildInfo(built_at="2026-11-29T00:00:00Z", builder_version="test"),
+    )
+    (directory / "model-manifest.json").write_text(manifest.to_json())
 
 
 def test_manifest_match_reports_identity(tmp_path: Path) -> None:
@@ -198,3 +211,10 @@ def test_schema_errors_name_the_path_and_rule(body: object, message: str) -> Non
 def test_shared_limit_names_the_setting() -> None:
     body = {"decisions": [decision(str(i)) for i in range(3)]}
     assert "has 3 decisions; the limit is 2 (SEMIF_MAX_SHARED_DECISIONS)" in _error(body, 2)
+
+
+def test_unreadable_manifest_refuses_to_start(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF-bytes")
+    (tmp_path / "model-manifest.json").write_text('{"schema_version": 2}')
+    with pytest.raises(ModelFilesError, match=r"invalid manifest .*schema_version: 2"):
+        resolve_model_files(tmp_path, None)

@@ -87,11 +87,13 @@ def test_digest_pinned_image_is_accepted() -> None:
     [
         ({"uri": "hf://org/repo@rev/model.bin"}, "model.uri"),
         ({"uri": "ftp://host/model.gguf"}, "model.uri"),
+        ({"uri": "https://host/model.gguf"}, "model.uri"),
+        ({"uri": "hf://org/repo@main/model.gguf"}, "model.uri: revision 'main'"),
         ({"sha256": "abc"}, "model.sha256"),
     ],
 )
 def test_model_source_rules(kwargs: dict[str, str], field: str) -> None:
-    values = {"uri": "hf://org/repo@rev/model.gguf", "sha256": "0" * 64, **kwargs}
+    values = {"uri": f"hf://org/repo@{'a' * 40}/model.gguf", "sha256": "0" * 64, **kwargs}
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         ModelSource(**values)
 

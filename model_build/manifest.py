@@ -1,0 +1,182 @@
+"""`model-manifest.json`, schema version 1: what is in model.tar.gz and where it came from.
+
+The builder writes it next to the GGUF at the archive root; the adapter reads it at start and
+refuses a GGUF whose name, size or sha256 differ. Both sides use this module, so the format
+has one definition (documented in docs/manifest.md). `parse_manifest` is pure: it takes the
+decoded JSON and returns a typed `Manifest` or raises `ManifestError` naming the field.
+
+Readers ignore keys they do not know, so optional additions (like `calibration`) do not
+break older adapters; an incompatible change must bump `schema_version`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "model-manifest.json"
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_T = TypeVar("_T")
+
+
+class ManifestError(ValueError):
+    """The manifest is not valid schema version 1; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Where the GGUF came from: the pinned URI, its commit (hf:// only) and its path there."""
+
+    uri: str
+    revision: str | None
+    file: str
+
+
+@dataclass(frozen=True)
+class GgufInfo:
+    """The packed GGUF: its name at the archive root, identity and header metadata."""
+
+    file: str
+    bytes: int
+    sha256: str
+    architecture: str
+    name: str | None
+    file_type: str | None
+    context_length: int | None
+    vocab_size: int
+    chat_template_sha256: str
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """When and by which builder version the archive was made."""
+
+    built_at: str
+    builder_version: str
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Optional adapter settings fitted after the build (e.g. a softmax temperature)."""
+
+    temperature: float
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: SourceInfo
+    gguf: GgufInfo
+    build: BuildInfo
+    calibration: Calibration | None = None
+
+    def to_json(self) -> str:
+        """Canonical text (sorted keys, fixed indent), so equal manifests are equal bytes."""
+        document: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **asdict(self)}
+        if self.calibration is None:
+            del document["calibration"]
+        return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def parse_manifest(document: object) -> Manifest:
+    """Validate decoded manifest JSON and return it typed; raises `ManifestError`."""
+    root = _mapping(document, "manifest")
+    version = _field(root, "schema_version", int, "")
+    if version != SCHEMA_VERSION:
+        raise ManifestError(f"schema_version: {version} is not supported (expected 1)")
+    source = _mapping(root.get("source"), "source")
+    gguf = _mapping(root.get("gguf"), "gguf")
+    build = _mapping(root.get("build"), "build")
+    revision = _optional(source, "revision", str, "source.")
+    if revision is not None and not _COMMIT.fullmatch(revision):
+        raise ManifestError("source.revision: expected a 40-hex commit or null")
+    file = _field(gguf, "file", str, "gguf.")
+    if "/" in file or "\\" in file or not file.endswith(".gguf") or file.startswith("."):
+        raise ManifestError(f"gguf.file: {file!r} is not a plain .gguf name at the archive root")
+    size = _field(gguf, "bytes", int, "gguf.")
+    if size <= 0:
+        raise ManifestError("gguf.bytes: must be positive")
+    context_length = _optional(gguf, "context_length", int, "gguf.")
+    vocab_size = _field(gguf, "vocab_size", int, "gguf.")
+    if vocab_size <= 0 or (context_length is not None and context_length <= 0):
+        raise ManifestError("gguf.vocab_size and gguf.context_length must be positive")
+    calibration = None
+    if root.get("calibration") is not None:
+        section = _mapping(root["calibration"], "calibration")
+        temperature = _field(section, "temperature", float, "calibration.")
+        if not math.isfinite(temperature) or temperature <= 0:
+            raise ManifestError("calibration.temperature: must be a positive finite number")
+        calibration = Calibration(temperature=temperature)
+    return Manifest(
+        source=SourceInfo(
+            uri=_field(source, "uri", str, "source."),
+            revision=revision,
+            file=_field(source, "file", str, "source."),
+        ),
+        gguf=GgufInfo(
+            file=file,
+            bytes=size,
+            sha256=_sha256(gguf, "sha256", "gguf."),
+            architecture=_field(gguf, "architecture", str, "gguf."),
+            name=_optional(gguf, "name", str, "gguf."),
+            file_type=_optional(gguf, "file_type", str, "gguf."),
+            context_length=context_length,
+            vocab_size=vocab_size,
+            chat_template_sha256=_sha256(gguf, "chat_template_sha256", "gguf."),
+        ),
+        build=BuildInfo(
+            built_at=_field(build, "built_at", str, "build."),
+            builder_version=_field(build, "builder_version", str, "build."),
+        ),
+        calibration=calibration,
+    )
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate a manifest file (e.g. /opt/ml/model/model-manifest.json)."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
+    return parse_manifest(document)
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{where}: expected an object")
+    return value
+
+
+def _field(section: Mapping[str, Any], key: str, kind: type[_T], where: str) -> _T:
+    value = _optional(section, key, kind, where)
+    if value is None:
+        raise ManifestError(f"{where}{key}: required")
+    return value
+
+
+def _optional(section: Mapping[str, Any], key: str, kind: type[_T], where: str) -> _T | None:
+    value = section.get(key)
+    if value is None:
+        return None
+    # JSON numbers: bool is an int in Python but never a count; an int is a valid float.
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ManifestError(f"{where}{key}: expected {kind.__name__}, got {type(value).__name__}")
+    if kind is str and not value:
+        raise ManifestError(f"{where}{key}: must not be empty")
+    return value
+
+
+def _sha256(section: Mapping[str, Any], key: str, where: str) -> str:
+    value = _field(section, key, str, where)
+    if not _SHA256.fullmatch(value):
+        raise ManifestError(f"{where}{key}: expected 64 lowercase hex digits")
+    return value
