@@ -4,11 +4,18 @@ Request handling order is deliberate: check the content type and read the body w
 its limit, validate it, and only then take an admission slot, so a slow or invalid client
 never holds capacity. Model work runs in a worker thread; the event loop stays free to
 answer /ping and to turn excess requests away with a retryable 503.
+
+/invocations picks the API by the body's distinguishing field: `questions` (System One),
+`messages` (chat completion), else the decision API. The same APIs answer on their own
+paths for local use (`/v1/systemone`, `/v1/chat/completions`, `/v1/models`, guarded by
+SEMIF_API_KEY when set), and `/endpoints/<name>/invocations` mimics the SageMaker runtime,
+so boto3's `invoke_endpoint` with `endpoint_url` runs unchanged against a local server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import re
@@ -25,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from adapter import chat, systemone
 from adapter.engine import CapacityError
 from adapter.runtime import Runtime
 from adapter.schema import RequestError, parse_decision_request
@@ -68,7 +76,9 @@ async def read_json_body(request: Request, max_bytes: int) -> Any:
             raise ApiError(413, f"body exceeds {max_bytes} bytes (SEMIF_MAX_BODY_BYTES)")
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks), parse_constant=_reject_constant)
+        return json.loads(
+            b"".join(chunks), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
+        )
     except (ValueError, UnicodeDecodeError) as error:
         raise ApiError(400, f"body: invalid JSON ({error})") from None
 
@@ -77,15 +87,28 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Refuse duplicate object keys: JSON parsers disagree on which one wins, and a
+    duplicated option or question would otherwise vanish silently."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {json.dumps(key)}")
+        result[key] = value
+    return result
+
+
 def _request_id(request: Request) -> str:
     given = request.headers.get("x-request-id", "")
     return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
-Handler = Callable[[Runtime, Any], Awaitable[tuple[dict[str, Any], dict[str, Any]]]]
+Handler = Callable[[Runtime, Any, str], Awaitable[tuple[dict[str, Any], dict[str, Any]]]]
 
 
-async def decide(runtime: Runtime, body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+async def decide(
+    runtime: Runtime, body: Any, request_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The decision API: validate, admit, score in a worker thread, shape the response."""
     mode, decisions = parse_decision_request(body, runtime.settings.max_shared_decisions)
     async with admission(runtime):
@@ -94,13 +117,63 @@ async def decide(runtime: Runtime, body: Any) -> tuple[dict[str, Any], dict[str,
         scored = await anyio.to_thread.run_sync(service.decide, decisions, mode)
     results = scored["results"]
     response: dict[str, Any] = {"result": results[0]} if mode == "single" else {"results": results}
-    response.update(model=service.model, timing=scored["timing"])
+    response.update(model=service.model, timing=scored["timing"], request_id=request_id)
     log = {
         "mode": mode,
         "decisions": len(decisions),
         "input_tokens": sum(result["input_tokens"] for result in results),
         "evaluated_tokens": scored["timing"]["evaluated_tokens"],
         "reused_tokens": scored["timing"]["reused_tokens"],
+    }
+    return response, log
+
+
+async def answer_systemone(
+    runtime: Runtime, body: Any, request_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """System One: every question about the state in one batched pass, format-exact answer."""
+    try:
+        request = systemone.parse_systemone(body, runtime.settings.max_shared_decisions)
+        async with admission(runtime):
+            service = runtime.service
+            assert service is not None
+            response, batch = await anyio.to_thread.run_sync(systemone.answer, service, request)
+    except RequestError as error:
+        status = 422 if isinstance(error, systemone.SchemaError) else 400
+        raise ApiError(status, str(error), field=error.path) from None
+    timing = batch.timing_json()
+    log = {
+        "mode": "systemone",
+        "decisions": len(request.questions),
+        "input_tokens": response["usage"]["input_tokens"],
+        "evaluated_tokens": timing["evaluated_tokens"],
+        "reused_tokens": timing["reused_tokens"],
+    }
+    return response, log
+
+
+async def complete_chat(
+    runtime: Runtime, body: Any, request_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Chat completion by the loaded model, under the same admission control."""
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    settings = runtime.settings
+    # load_settings keeps the chat limit within SEMIF_MAX_TOKENS; Settings built directly may not.
+    request = chat.parse_chat_request(body, min(settings.max_chat_tokens, settings.max_tokens))
+    async with admission(runtime):
+        service = runtime.service
+        assert service is not None
+        generation = await anyio.to_thread.run_sync(chat.generate, service, request)
+    response = chat.completion(
+        generation, systemone.served_model_id(service), f"chatcmpl-{request_id}"
+    )
+    log = {
+        "mode": "chat",
+        "input_tokens": generation.prompt_tokens,
+        "reused_tokens": generation.reused_tokens,
+        "output_tokens": generation.completion_tokens,
+        "finish_reason": generation.finish_reason,
     }
     return response, log
 
@@ -137,7 +210,11 @@ def create_app(
 ) -> Starlette:
     """Build the app; the lifespan loads the model in a worker thread and frees it at exit."""
     runtime = Runtime(settings)
-    handlers = dict(extra_handlers or {})
+    handlers: dict[str, Handler] = {
+        "questions": answer_systemone,
+        "messages": complete_chat,
+        **(extra_handlers or {}),
+    }
 
     async def ping(request: Request) -> Response:
         if runtime.healthy:
@@ -155,23 +232,30 @@ def create_app(
         status = runtime.state if runtime.state != "ready" else "unhealthy"
         return json_response(503, {"status": status, "error": error})
 
-    async def invocations(request: Request) -> Response:
+    async def handle(
+        request: Request, choose: Callable[[Any], Handler], *, authenticate: bool = False
+    ) -> Response:
+        """Run one API call: errors become JSON answers, every call is logged once."""
         request_id = _request_id(request)
         started = time.perf_counter()
         log: dict[str, Any] = {"request_id": request_id, "path": request.url.path}
+        headers = {"x-request-id": request_id}
         try:
+            if authenticate:
+                _authenticate(request, settings.api_key)
             body = await read_json_body(request, settings.max_body_bytes)
-            handler = select_handler(body, handlers)
-            payload, details = await handler(runtime, body)
+            payload, details = await choose(body)(runtime, body, request_id)
             log.update(details)
-            payload["request_id"] = request_id
-            response = json_response(200, payload, **{"x-request-id": request_id})
+            response = json_response(200, payload, **headers)
         except RequestError as error:
-            response = _error(400, str(error), request_id)
+            response = json_response(
+                400, {"error": str(error), "request_id": request_id}, **headers
+            )
         except ApiError as error:
-            headers = {"x-request-id": request_id}
             if error.status == 503 and error.body.get("retryable"):
                 headers["retry-after"] = str(RETRY_AFTER_SECONDS)
+            if error.status == 401:
+                headers["www-authenticate"] = "Bearer"
             response = json_response(
                 error.status, {**error.body, "request_id": request_id}, **headers
             )
@@ -179,14 +263,40 @@ def create_app(
             response = json_response(
                 503,
                 {"error": str(error), "retryable": True, "request_id": request_id},
-                **{"x-request-id": request_id, "retry-after": str(RETRY_AFTER_SECONDS)},
+                **headers,
+                **{"retry-after": str(RETRY_AFTER_SECONDS)},
             )
         except Exception:
             LOG.exception("scoring failed (request_id=%s)", request_id)
-            response = _error(500, "scoring failed", request_id)
+            response = json_response(
+                500, {"error": "scoring failed", "request_id": request_id}, **headers
+            )
         log.update(status=response.status_code, seconds=round(time.perf_counter() - started, 6))
         LOG.info(json.dumps(log, default=str, allow_nan=True))
         return response
+
+    async def invocations(request: Request) -> Response:
+        return await handle(request, lambda body: select_handler(body, handlers))
+
+    async def sagemaker_runtime(request: Request) -> Response:
+        return _as_sagemaker_runtime(await invocations(request))
+
+    async def systemone_route(request: Request) -> Response:
+        return await handle(request, lambda body: answer_systemone, authenticate=True)
+
+    async def chat_route(request: Request) -> Response:
+        return await handle(request, lambda body: complete_chat, authenticate=True)
+
+    async def models(request: Request) -> Response:
+        try:
+            _authenticate(request, settings.api_key)
+        except ApiError as error:
+            return json_response(401, error.body, **{"www-authenticate": "Bearer"})
+        service = runtime.service
+        if service is None:
+            return json_response(503, {"error": "model is loading", "retryable": True})
+        model = {"id": systemone.served_model_id(service), "object": "model", "owned_by": "semif"}
+        return json_response(200, {"object": "list", "data": [model]})
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -214,6 +324,10 @@ def create_app(
         routes=[
             Route("/ping", ping, methods=["GET"]),
             Route("/invocations", invocations, methods=["POST"]),
+            Route("/endpoints/{name}/invocations", sagemaker_runtime, methods=["POST"]),
+            Route("/v1/systemone", systemone_route, methods=["POST"]),
+            Route("/v1/chat/completions", chat_route, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},
@@ -222,7 +336,35 @@ def create_app(
     return app
 
 
-def _error(status: int, message: str, request_id: str) -> Response:
+def _authenticate(request: Request, api_key: str | None) -> None:
+    """With SEMIF_API_KEY set, the /v1 routes need `Authorization: Bearer <key>`."""
+    if api_key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), api_key):
+        raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <SEMIF_API_KEY>")
+
+
+def _as_sagemaker_runtime(response: Response) -> Response:
+    """Answer as SageMaker's InvokeEndpoint does: the container's 2xx body as is, any other
+    answer wrapped in a 424 ModelError carrying the original status and body."""
+    if response.status_code < 300:
+        response.headers["x-amzn-invoked-production-variant"] = "AllTraffic"
+        return response
+    original = bytes(response.body).decode("utf-8", errors="replace")
+    side = "client" if response.status_code < 500 else "server"
+    body = {
+        "ErrorCode": f"{side.upper()}_ERROR_FROM_MODEL",
+        "Message": (
+            f"Received {side} error ({response.status_code}) from primary with message "
+            f'"{original}".'
+        ),
+        "OriginalMessage": original,
+        "OriginalStatusCode": response.status_code,
+        "LogStreamArn": "local",
+    }
     return json_response(
-        status, {"error": message, "request_id": request_id}, **{"x-request-id": request_id}
+        424,
+        body,
+        **{"x-amzn-errortype": "ModelError:http://internal.amazon.com/coral/com.amazon.sagemaker/"},
     )

@@ -6,24 +6,36 @@ Two kinds of reuse make decisions cheap:
 - within a shared-state request, the common prefix is evaluated once into sequence 0, then
   copied into one branch sequence per decision (a metadata copy in the unified KV cache)
   and every branch's suffix is decoded in one batch.
-No token is ever generated. The engine is not thread-safe: callers hold its lock.
+A label of two tokens is scored exactly in the same batch: the branch's suffix is also
+decoded into one extra sequence per distinct first token, and each of those sequences gets
+its first token appended, so the logits of P(second | first) come out of the same decode.
+Scoring generates nothing; `generate` (chat) samples tokens into sequence 0 and keeps them
+for prefix reuse. The engine is not thread-safe: callers hold its lock.
 """
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import llama_cpp
 import llama_cpp._logger
 import numpy as np
 import numpy.typing as npt
 
-from adapter.prompts import ANSWER_LETTERS, ChatTemplate, render_decision
+from adapter.prompts import (
+    ANSWER_LETTERS,
+    PAIR_LABELS,
+    SINGLE_LABELS,
+    ChatTemplate,
+    render_decision,
+)
 from adapter.schema import Decision, Option
 
 _ALL_LAYERS = 1_000_000
@@ -43,12 +55,20 @@ class CapacityError(RuntimeError):
     """A batch did not fit the KV cache; the request can be retried smaller."""
 
 
+class LabelError(ValueError):
+    """This model cannot use the answer labels a question needs (found at load time)."""
+
+
 @dataclass(frozen=True)
 class PromptScore:
-    """Last-position logits of one prompt and how its tokens were obtained."""
+    """Last-position logits of one prompt and how its tokens were obtained.
+
+    `next_logits` maps each requested continuation token to the logits that follow it.
+    """
 
     logits: npt.NDArray[np.float32]
     input_tokens: int
+    next_logits: dict[int, npt.NDArray[np.float32]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,61 @@ class BatchTiming:
     prefill_seconds: float
     suffix_seconds: float
     branch_waves: int
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How chat picks each token: temperature 0 is greedy (deterministic)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Generated text (stop string excluded) and what it cost."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    reused_tokens: int
+    finish_reason: Literal["stop", "length"]
+
+
+_Branch = tuple[Sequence[int], Sequence[int]]  # a prompt and its continuation tokens
+
+
+def _first_stop(text: str, stop: Sequence[str], scanned: int) -> int | None:
+    """Where the earliest stop string starts, looking only at text not yet scanned."""
+    hits = [
+        found
+        for marker in stop
+        if (found := text.find(marker, max(0, scanned - len(marker) + 1))) >= 0
+    ]
+    return min(hits) if hits else None
+
+
+def require_unified_kv_binding() -> None:
+    """Refuse a binding that cannot express a unified multi-sequence KV cache.
+
+    Setting an unknown field on a ctypes structure silently creates a Python attribute, so
+    an older binding would give each branch sequence 1/n of the cache and fail later, deep
+    inside a request. The images build the binding from a pinned commit; this turns an ABI
+    mismatch into a start error that names the cause.
+    """
+    fields = {name for name, *_ in llama_cpp.llama_context_params._fields_}
+    missing = [name for name in ("kv_unified", "n_seq_max") if name not in fields]
+    missing += [
+        name
+        for name in ("llama_memory_seq_cp", "llama_memory_seq_rm", "llama_get_memory")
+        if not hasattr(llama_cpp, name)
+    ]
+    if missing:
+        raise ModelLoadError(
+            f"the llama-cpp-python binding lacks {', '.join(missing)}; it must match a "
+            "llama.cpp with the llama_memory_* API and unified KV caches"
+        )
 
 
 def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
@@ -83,6 +158,7 @@ class LlamaEngine:
         n_gpu_layers: int,
         prefix_reuse: bool = True,
     ) -> None:
+        require_unified_kv_binding()
         llama_cpp._logger.set_verbose(False)  # native INFO chatter off; errors still print
         llama_cpp.llama_backend_init()
         model_params = llama_cpp.llama_model_default_params()
@@ -118,6 +194,15 @@ class LlamaEngine:
             eos_token=self.piece(llama_cpp.llama_vocab_eos(self._vocab), special=True),
         )
         self.slot_token_ids = self._check_answer_slots()
+        self._labels: dict[str, tuple[int, ...]] = {
+            letter: (token,)
+            for letter, token in zip(ANSWER_LETTERS, self.slot_token_ids, strict=True)
+        }
+        self._label_problems: dict[int, str] = {}  # label length -> why that group is unusable
+        prompt = self._probe_prompt()
+        base = self.tokenize(prompt)
+        for group in (SINGLE_LABELS, PAIR_LABELS):
+            self._check_label_group(group, prompt, base)
 
     # -- model facts ---------------------------------------------------------------------
 
@@ -131,15 +216,18 @@ class LlamaEngine:
             )
         return bytes(raw).decode("utf-8")
 
-    def _check_answer_slots(self) -> tuple[int, ...]:
-        """Each answer letter must be one distinct token appended cleanly after a prompt."""
+    def _probe_prompt(self) -> str:
         probe = Decision(
             id="probe",
             state="Probe evidence.",
             question="Which option applies?",
             options=tuple(Option(letter, f"Option {letter}.") for letter in ANSWER_LETTERS),
         )
-        prompt = render_decision(self.chat_template, probe)
+        return render_decision(self.chat_template, probe)
+
+    def _check_answer_slots(self) -> tuple[int, ...]:
+        """Each answer letter must be one distinct token appended cleanly after a prompt."""
+        prompt = self._probe_prompt()
         base = self.tokenize(prompt)
         slots: list[int] = []
         for letter in ANSWER_LETTERS:
@@ -164,6 +252,37 @@ class LlamaEngine:
             raise ModelLoadError("answer letters A..P do not map to distinct tokens")
         return tuple(slots)
 
+    def _check_label_group(self, group: Sequence[str], prompt: str, base: list[int]) -> None:
+        """Accept a label group only if every label appends as one token per character.
+
+        A failing group (say, a vocabulary with "A0" as one token) is not fatal: questions
+        that need it are refused with this reason, and the letters A..P keep working.
+        """
+        found: dict[str, tuple[int, ...]] = {}
+        for label in group:
+            extended = self.tokenize(prompt + label)
+            added = tuple(extended[len(base) :])
+            pieces = [self.piece(token) for token in added]
+            if extended[: len(base)] != base or pieces != list(label):
+                self._label_problems[len(label)] = (
+                    f"this model cannot use the answer labels {group[0]}..{group[-1]}: "
+                    f"{label!r} appends as tokens {pieces} instead of {list(label)}"
+                )
+                return
+            found[label] = added
+        self._labels.update(found)
+
+    def label_token_ids(self, labels: Sequence[str]) -> list[tuple[int, ...]]:
+        """The token sequence of each label, as checked at load."""
+        tokens: list[tuple[int, ...]] = []
+        for label in labels:
+            if label not in self._labels:
+                raise LabelError(
+                    self._label_problems.get(len(label), f"unknown answer label {label!r}")
+                )
+            tokens.append(self._labels[label])
+        return tokens
+
     def tokenize(self, text: str) -> list[int]:
         """Tokenize rendered template text, parsing its special tokens, adding BOS if due."""
         data = text.encode("utf-8")
@@ -185,9 +304,13 @@ class LlamaEngine:
         return tokens
 
     def piece(self, token: int, *, special: bool = False) -> str:
+        return self._piece_bytes(token, special=special).decode("utf-8", errors="replace")
+
+    def _piece_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """A token's raw bytes; one character may span several tokens, so decode later."""
         buffer = ctypes.create_string_buffer(256)
         length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 256, 0, special)
-        return buffer.raw[: max(length, 0)].decode("utf-8", errors="replace")
+        return buffer.raw[: max(length, 0)]
 
     def description(self) -> dict[str, object]:
         return {
@@ -202,16 +325,26 @@ class LlamaEngine:
 
     # -- scoring -------------------------------------------------------------------------
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> tuple[list[PromptScore], BatchTiming]:
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[list[PromptScore], BatchTiming]:
         """Score every prompt; they share whatever token prefix they have in common.
 
         The common prefix (reused from the previous call where it matches) is decoded once
         into sequence 0; each prompt's remaining tokens are decoded as a branch, as many
-        branches per batch as the KV cache and sequence count allow.
+        branches per batch as the KV cache and sequence count allow. `continuations[i]`
+        lists tokens whose next-token logits are wanted after prompt i (each costs one
+        extra token and one sequence in the same batch).
         """
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
-        longest = max(len(prompt) for prompt in prompts)
+        extra = continuations if continuations is not None else [()] * len(prompts)
+        if len(extra) != len(prompts):
+            raise ValueError("give one continuation list per prompt")
+        branches = list(zip(prompts, extra, strict=True))
+        longest = max(len(prompt) + len(tokens) for prompt, tokens in branches)
         if longest > self.kv_cells:
             # Checked before any decode: llama.cpp aborts the process on an oversized batch.
             raise CapacityError(f"a prompt needs {longest} KV cells; the cache has {self.kv_cells}")
@@ -226,7 +359,7 @@ class LlamaEngine:
             scores: list[PromptScore] = []
             waves = 0
             started = time.perf_counter()
-            for wave in self._waves(prompts, prefix_length):
+            for wave in self._waves(branches, prefix_length):
                 waves += 1
                 scores.extend(self._decode_branches(wave, prefix_length))
             suffix_seconds = time.perf_counter() - started
@@ -262,7 +395,7 @@ class LlamaEngine:
             batch = llama_cpp.llama_batch_init(len(prefix) - reused, 0, 1)
             try:
                 for offset, token in enumerate(prefix[reused:]):
-                    self._put(batch, offset, token, reused + offset, 0, wants_logits=False)
+                    self._put(batch, offset, token, reused + offset, [0], wants_logits=False)
                 batch.n_tokens = len(prefix) - reused
                 self._decode(batch)
             finally:
@@ -270,55 +403,171 @@ class LlamaEngine:
             self._cached = list(prefix)
         return reused, time.perf_counter() - started
 
-    def _waves(
-        self, prompts: Sequence[Sequence[int]], prefix_length: int
-    ) -> list[list[Sequence[int]]]:
+    def _waves(self, items: list[_Branch], prefix_length: int) -> list[list[_Branch]]:
+        """Group branches into batches that fit the free KV cells and sequence ids."""
         free_cells = self.kv_cells - prefix_length
-        waves: list[list[Sequence[int]]] = [[]]
-        used = 0
-        for prompt in prompts:
-            need = len(prompt) - prefix_length
-            if need > free_cells:
+        waves: list[list[_Branch]] = [[]]
+        used_cells = used_sequences = 0
+        for prompt, tokens in items:
+            cells = len(prompt) - prefix_length + len(tokens)
+            sequences = 1 + len(tokens)
+            if cells > free_cells or sequences > self.max_branches:
                 raise CapacityError(
-                    f"a prompt needs {prefix_length + need} KV cells; the cache has {self.kv_cells}"
+                    f"a prompt needs {prefix_length + cells} KV cells and {sequences} "
+                    f"sequences; the cache has {self.kv_cells} and {self.max_branches}"
                 )
-            if waves[-1] and (used + need > free_cells or len(waves[-1]) >= self.max_branches):
+            if waves[-1] and (
+                used_cells + cells > free_cells or used_sequences + sequences > self.max_branches
+            ):
                 waves.append([])
-                used = 0
-            waves[-1].append(prompt)
-            used += need
+                used_cells = used_sequences = 0
+            waves[-1].append((prompt, tokens))
+            used_cells += cells
+            used_sequences += sequences
         return waves
 
-    def _decode_branches(self, wave: list[Sequence[int]], prefix_length: int) -> list[PromptScore]:
-        total = sum(len(prompt) - prefix_length for prompt in wave)
-        batch = llama_cpp.llama_batch_init(total, 0, 1)
-        output_rows: list[int] = []
+    def _decode_branches(self, wave: list[_Branch], prefix_length: int) -> list[PromptScore]:
+        """Decode one wave: each suffix once, shared by its branch and its continuations."""
+        total = sum(len(prompt) - prefix_length + len(tokens) for prompt, tokens in wave)
+        widest = 1 + max(len(tokens) for _, tokens in wave)
+        batch = llama_cpp.llama_batch_init(total, 0, widest)
+        outputs: list[tuple[int, list[int]]] = []
+        sequence = 0
         try:
             row = 0
-            for branch, prompt in enumerate(wave, start=1):
-                llama_cpp.llama_memory_seq_cp(self._memory, 0, branch, -1, -1)
+            for prompt, tokens in wave:
+                # The branch's own sequence comes first: llama.cpp masks by a token's first id.
+                owned = list(range(sequence + 1, sequence + 2 + len(tokens)))
+                sequence = owned[-1]
+                for copy in owned:
+                    llama_cpp.llama_memory_seq_cp(self._memory, 0, copy, -1, -1)
                 suffix = prompt[prefix_length:]
                 for offset, token in enumerate(suffix):
                     last = offset == len(suffix) - 1
-                    self._put(batch, row, token, prefix_length + offset, branch, wants_logits=last)
+                    self._put(batch, row, token, prefix_length + offset, owned, wants_logits=last)
                     row += 1
-                output_rows.append(row - 1)
+                last_row = row - 1
+                next_rows = []
+                for token, continuation in zip(tokens, owned[1:], strict=True):
+                    self._put(batch, row, token, len(prompt), [continuation], wants_logits=True)
+                    next_rows.append(row)
+                    row += 1
+                outputs.append((last_row, next_rows))
             batch.n_tokens = total
             self._decode(batch)
             scores = []
-            for prompt, output_row in zip(wave, output_rows, strict=True):
-                pointer = llama_cpp.llama_get_logits_ith(self._context, output_row)
-                if not pointer:
-                    raise NativeFailureError(
-                        f"llama.cpp returned no logits for batch row {output_row}"
+            for (prompt, tokens), (last_row, next_rows) in zip(wave, outputs, strict=True):
+                next_logits = {
+                    token: self._logits(next_row)
+                    for token, next_row in zip(tokens, next_rows, strict=True)
+                }
+                scores.append(
+                    PromptScore(
+                        logits=self._logits(last_row),
+                        input_tokens=len(prompt),
+                        next_logits=next_logits,
                     )
-                logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy()
-                scores.append(PromptScore(logits=logits, input_tokens=len(prompt)))
+                )
             return scores
         finally:
             llama_cpp.llama_batch_free(batch)
-            for branch in range(1, len(wave) + 1):
-                llama_cpp.llama_memory_seq_rm(self._memory, branch, -1, -1)
+            for used in range(1, sequence + 1):
+                llama_cpp.llama_memory_seq_rm(self._memory, used, -1, -1)
+
+    def _logits(self, row: int) -> npt.NDArray[np.float32]:
+        pointer = llama_cpp.llama_get_logits_ith(self._context, row)
+        if not pointer:
+            raise NativeFailureError(f"llama.cpp returned no logits for batch row {row}")
+        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy()
+
+    # -- generation (chat) ----------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        stop: Sequence[str] = (),
+    ) -> Generation:
+        """Sample up to `max_new_tokens` after `prompt` in sequence 0, stopping at end of
+        generation or at the first `stop` string (which is not returned)."""
+        if not prompt or max_new_tokens < 1:
+            raise ValueError("generation needs a prompt and at least one new token")
+        if len(prompt) + max_new_tokens > self.kv_cells:
+            raise CapacityError(
+                f"{len(prompt)} prompt tokens plus {max_new_tokens} new tokens need more KV "
+                f"cells than the cache has ({self.kv_cells})"
+            )
+        if not self.prefix_reuse:
+            self.reset()
+        sampler = self._sampler(sampling)
+        try:
+            reused, _ = self._extend_prefix(list(prompt[:-1]))
+            self._decode_next(prompt[-1], len(prompt) - 1)
+            text, count, finish = self._sample_loop(sampler, len(prompt), max_new_tokens, stop)
+        except (NativeFailureError, CapacityError):
+            self.reset()
+            raise
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+        return Generation(
+            text=text,
+            prompt_tokens=len(prompt),
+            completion_tokens=count,
+            reused_tokens=reused,
+            finish_reason=finish,
+        )
+
+    def _sample_loop(
+        self, sampler: llama_cpp.llama_sampler_p, position: int, limit: int, stop: Sequence[str]
+    ) -> tuple[str, int, Literal["stop", "length"]]:
+        """Sample, check the stop rules, and decode each kept token at the next position."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = ""
+        count = 0
+        while True:
+            token = int(llama_cpp.llama_sampler_sample(sampler, self._context, -1))
+            if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                return text + decoder.decode(b"", final=True), count, "stop"
+            count += 1
+            scanned = len(text)
+            text += decoder.decode(self._piece_bytes(token))
+            cut = _first_stop(text, stop, scanned)
+            if cut is not None:
+                return text[:cut], count, "stop"
+            if count >= limit:
+                return text + decoder.decode(b"", final=True), count, "length"
+            self._decode_next(token, position)
+            position += 1
+
+    def _decode_next(self, token: int, position: int) -> None:
+        """Append one token to sequence 0 with logits, keeping the prefix cache in step."""
+        batch = llama_cpp.llama_batch_init(1, 0, 1)
+        try:
+            self._put(batch, 0, token, position, [0], wants_logits=True)
+            batch.n_tokens = 1
+            self._decode(batch)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+        self._cached.append(token)
+
+    @staticmethod
+    def _sampler(sampling: Sampling) -> llama_cpp.llama_sampler_p:
+        params = llama_cpp.llama_sampler_chain_default_params()
+        chain: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_chain_init(params)
+        if sampling.temperature <= 0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+            return chain
+        seed = llama_cpp.LLAMA_DEFAULT_SEED if sampling.seed is None else sampling.seed
+        llama_cpp.llama_sampler_chain_add(
+            chain, llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1)
+        )
+        llama_cpp.llama_sampler_chain_add(
+            chain, llama_cpp.llama_sampler_init_temp(sampling.temperature)
+        )
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
+        return chain
 
     @staticmethod
     def _put(
@@ -326,14 +575,15 @@ class LlamaEngine:
         row: int,
         token: int,
         position: int,
-        sequence: int,
+        sequences: Sequence[int],
         *,
         wants_logits: bool,
     ) -> None:
         batch.token[row] = token
         batch.pos[row] = position  # type: ignore[call-overload]  # binding mistypes pos
-        batch.n_seq_id[row] = 1
-        batch.seq_id[row][0] = sequence
+        batch.n_seq_id[row] = len(sequences)
+        for index, sequence in enumerate(sequences):
+            batch.seq_id[row][index] = sequence
         batch.logits[row] = wants_logits
 
     def _decode(self, batch: llama_cpp.llama_batch) -> None:

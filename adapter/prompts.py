@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import string
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +21,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from adapter.schema import Decision
 
 PROMPT_VERSION = "semif-direct-options/1"
-ANSWER_LETTERS = tuple("ABCDEFGHIJKLMNOP")
+# Option labels. Up to 52 options each gets one letter, A..Z then a..z (one token each);
+# above 52 every option gets a capital letter plus a digit, A0..Z9 (two tokens each), so the
+# labels of one prompt are never token prefixes of each other. The decision API's 16
+# options use A..P, which every served model must support.
+SINGLE_LABELS = tuple(string.ascii_uppercase + string.ascii_lowercase)
+PAIR_LABELS = tuple(letter + digit for letter in string.ascii_uppercase for digit in string.digits)
+ANSWER_LETTERS = SINGLE_LABELS[:16]
+# Engine sequences one question with pair labels can need: its branch plus one per letter.
+PAIR_LABEL_SEQUENCES = 1 + len(string.ascii_uppercase)
 SYSTEM_PROMPT = (
     "You are a decision model. Apply the criterion in the question to the evidence and "
     "choose the one option that fits best. Reply with the option's letter only."
@@ -76,18 +85,36 @@ class ChatTemplate:
             raise TemplateRenderError(f"chat template failed to render: {error}") from None
 
 
+def answer_labels(count: int) -> tuple[str, ...]:
+    """The labels of `count` options: single letters up to 52, letter-digit pairs above."""
+    if count <= len(SINGLE_LABELS):
+        return SINGLE_LABELS[:count]
+    if count <= len(PAIR_LABELS):
+        return PAIR_LABELS[:count]
+    raise ValueError(f"{count} options; at most {len(PAIR_LABELS)} can be labelled")
+
+
+def _answer_instruction(labels: Sequence[str]) -> str:
+    first, last = labels[0], labels[-1]
+    if len(last) == 2:
+        return f"Answer with one label from {first} to {last}: a capital letter and a digit."
+    if len(labels) > len(string.ascii_uppercase):
+        return f"Answer with one letter from A to Z or from a to {last}."
+    return f"Answer with one letter from {first} to {last}."
+
+
 def decision_messages(decision: Decision) -> list[dict[str, str]]:
     """The system and user turns for one decision; the state leads the user turn."""
-    letters = ANSWER_LETTERS[: len(decision.options)]
+    labels = answer_labels(len(decision.options))
     option_lines = "\n".join(
-        f"{letter}. {option.description}"
-        for letter, option in zip(letters, decision.options, strict=True)
+        f"{label}. {option.description}"
+        for label, option in zip(labels, decision.options, strict=True)
     )
     user = (
         f"Evidence:\n{decision.state_text}\n\n"
         f"Question: {decision.question}\n\n"
         f"Options:\n{option_lines}\n\n"
-        f"Answer with one letter from {letters[0]} to {letters[-1]}."
+        f"{_answer_instruction(labels)}"
     )
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 

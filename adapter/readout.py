@@ -6,7 +6,7 @@ is testable on its own and shared by every API that scores options.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +34,49 @@ def softmax(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     shifted = np.exp(values - values.max())
     result: npt.NDArray[np.float64] = shifted / shifted.sum()
     return result
+
+
+def log_probabilities(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """Full-vocabulary log-softmax, refusing NaN or infinite logits."""
+    full = logits.astype(np.float64)
+    if not np.isfinite(full).all():
+        raise NonFiniteLogitsError("the model returned NaN or infinite logits")
+    top = full.max()
+    result: npt.NDArray[np.float64] = full - (top + np.log(np.exp(full - top).sum()))
+    return result
+
+
+def read_labels(
+    logits: npt.NDArray[np.float32],
+    next_logits: Mapping[int, npt.NDArray[np.float32]],
+    labels: Sequence[tuple[int, ...]],
+) -> SlotReadout:
+    """Probabilities of whole labels of one or two tokens, restricted to the declared ones.
+
+    A one-token label scores like a letter (`read_slots`). A two-token label (a, b) has the
+    exact model probability P(a) * P(b | a), with P(b | a) from the logits after `a`
+    (`next_logits[a]`); the declared labels' probabilities are then renormalised, and
+    `option_logits` holds their joint log-probabilities.
+    """
+    if all(len(label) == 1 for label in labels):
+        return read_slots(logits, [label[0] for label in labels])
+    if any(len(label) > 2 for label in labels):
+        raise ValueError("labels of more than two tokens cannot be scored")
+    first = log_probabilities(logits)
+    firsts = {label[0] for label in labels if len(label) == 2}
+    second = {token: log_probabilities(next_logits[token]) for token in firsts}
+    joint = np.array(
+        [
+            first[label[0]] + (second[label[0]][label[1]] if len(label) == 2 else 0.0)
+            for label in labels
+        ]
+    )
+    return SlotReadout(
+        option_logits=[float(value) for value in joint],
+        probabilities=[float(value) for value in softmax(joint)],
+        allowed_token_mass=min(1.0, float(np.exp(joint).sum())),
+        top_token_id=int(first.argmax()),
+    )
 
 
 def read_slots(logits: npt.NDArray[np.float32], slot_token_ids: Sequence[int]) -> SlotReadout:

@@ -14,7 +14,7 @@ from typing import Literal
 from adapter.backends import load_backends
 from adapter.engine import LlamaEngine
 from adapter.model_files import resolve_model_files
-from adapter.prompts import PROMPT_VERSION
+from adapter.prompts import PAIR_LABEL_SEQUENCES, PROMPT_VERSION
 from adapter.service import DecisionService
 from adapter.settings import Settings
 
@@ -41,7 +41,8 @@ def load_service(settings: Settings) -> DecisionService:
     engine = LlamaEngine(
         files.gguf,
         kv_cells=settings.kv_cells,
-        max_branches=settings.max_shared_decisions,
+        # A question with letter-digit labels needs a sequence per distinct first letter.
+        max_branches=max(settings.max_shared_decisions, PAIR_LABEL_SEQUENCES),
         threads=settings.threads,
         n_gpu_layers=settings.n_gpu_layers,
         prefix_reuse=settings.prefix_reuse,

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapter.engine import BatchTiming, LlamaEngine, NativeFailureError
-from adapter.prompts import PROMPT_VERSION, prompt_sha256, render_decision
-from adapter.readout import READOUT, NonFiniteLogitsError, read_slots
+from adapter.engine import BatchTiming, LabelError, LlamaEngine, NativeFailureError
+from adapter.prompts import PROMPT_VERSION, answer_labels, prompt_sha256, render_decision
+from adapter.readout import READOUT, NonFiniteLogitsError, SlotReadout, read_labels
 from adapter.schema import Decision, Mode, RequestError
 
 
@@ -24,6 +25,37 @@ class Health:
 
     healthy: bool = True
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """Readouts of one engine call, in request order, with how the work was done."""
+
+    prompts: list[str]
+    input_tokens: list[int]
+    readouts: list[SlotReadout]
+    timing: BatchTiming
+    queue_seconds: float
+    total_seconds: float
+
+    @property
+    def distinct_input_tokens(self) -> int:
+        """Prompt tokens with the shared prefix counted once."""
+        return self.timing.prefix_tokens + self.timing.suffix_tokens
+
+    def timing_json(self) -> dict[str, Any]:
+        timing = self.timing
+        return {
+            "prefix_tokens": timing.prefix_tokens,
+            "reused_tokens": timing.reused_tokens,
+            "suffix_tokens": timing.suffix_tokens,
+            "evaluated_tokens": timing.prefix_tokens - timing.reused_tokens + timing.suffix_tokens,
+            "prefill_seconds": round(timing.prefill_seconds, 6),
+            "suffix_seconds": round(timing.suffix_seconds, 6),
+            "branch_waves": timing.branch_waves,
+            "queue_seconds": round(self.queue_seconds, 6),
+            "total_seconds": round(self.total_seconds, 6),
+        }
 
 
 @dataclass
@@ -36,14 +68,31 @@ class DecisionService:
     health: Health = field(default_factory=Health)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @contextmanager
+    def exclusive(self) -> Iterator[float]:
+        """Hold the engine (yielding the seconds waited for it); a native failure marks the
+        service unhealthy so /ping takes the instance out of service."""
+        started = time.perf_counter()
+        with self._lock:
+            try:
+                yield time.perf_counter() - started
+            except (NativeFailureError, NonFiniteLogitsError) as error:
+                self.health.healthy = False
+                self.health.error = str(error)
+                raise
+
     def render(self, decisions: Sequence[Decision], mode: Mode) -> list[tuple[str, list[int]]]:
         """Render and tokenize each decision, refusing any prompt over the token limit."""
+        return self._render(decisions, _paths(mode, len(decisions)))
+
+    def _render(
+        self, decisions: Sequence[Decision], paths: Sequence[str]
+    ) -> list[tuple[str, list[int]]]:
         prompts = []
-        for index, decision in enumerate(decisions):
+        for decision, path in zip(decisions, paths, strict=True):
             text = render_decision(self.engine.chat_template, decision)
             tokens = self.engine.tokenize(text)
             if len(tokens) > self.max_tokens:
-                path = "decision" if mode == "single" else f"decisions[{index}]"
                 raise RequestError(
                     path,
                     f"prompt is {len(tokens)} tokens; the limit is {self.max_tokens} "
@@ -52,28 +101,53 @@ class DecisionService:
             prompts.append((text, tokens))
         return prompts
 
+    def _labels(self, decision: Decision, path: str) -> list[tuple[int, ...]]:
+        try:
+            return self.engine.label_token_ids(answer_labels(len(decision.options)))
+        except LabelError as error:
+            raise RequestError(path, str(error)) from None
+
+    def score(self, decisions: Sequence[Decision], paths: Sequence[str]) -> ScoredBatch:
+        """Score decisions of any size (2..260 options) in one engine call.
+
+        `paths` name each decision in errors. Decisions about one state share its prefix;
+        options labelled with two tokens get their second-token logits in the same batch.
+        """
+        started = time.perf_counter()
+        with self.exclusive() as waited:
+            prompts = self._render(decisions, paths)
+            labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
+            firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]
+            token_lists = [tokens for _, tokens in prompts]
+            # Only two-token labels need continuations; letters keep the plain call.
+            scores, timing = (
+                self.engine.score(token_lists, firsts)
+                if any(firsts)
+                else self.engine.score(token_lists)
+            )
+            readouts = [
+                read_labels(score.logits, score.next_logits, group)
+                for score, group in zip(scores, labels, strict=True)
+            ]
+        return ScoredBatch(
+            prompts=[text for text, _ in prompts],
+            input_tokens=[score.input_tokens for score in scores],
+            readouts=readouts,
+            timing=timing,
+            queue_seconds=waited,
+            total_seconds=time.perf_counter() - started,
+        )
+
     def decide(self, decisions: Sequence[Decision], mode: Mode) -> dict[str, Any]:
         """Score every decision; a shared batch evaluates its common prefix once."""
-        started = time.perf_counter()
-        with self._lock:
-            waited = time.perf_counter() - started
-            prompts = self.render(decisions, mode)
-            try:
-                scores, timing = self.engine.score([tokens for _, tokens in prompts])
-                readouts = [
-                    read_slots(score.logits, self.engine.slot_token_ids[: len(decision.options)])
-                    for score, decision in zip(scores, decisions, strict=True)
-                ]
-            except (NativeFailureError, NonFiniteLogitsError) as error:
-                self.health.healthy = False
-                self.health.error = str(error)
-                raise
+        batch = self.score(decisions, _paths(mode, len(decisions)))
+        timing = batch.timing
         results = []
-        for decision, (text, _), score, readout in zip(
-            decisions, prompts, scores, readouts, strict=True
+        for decision, text, input_tokens, readout in zip(
+            decisions, batch.prompts, batch.input_tokens, batch.readouts, strict=True
         ):
             # A shared prefix is evaluated once for the batch; each result counts its suffix.
-            evaluated = score.input_tokens - timing.prefix_tokens
+            evaluated = input_tokens - timing.prefix_tokens
             if mode == "single":
                 evaluated += timing.prefix_tokens - timing.reused_tokens
             results.append(
@@ -84,31 +158,19 @@ class DecisionService:
                     "option_logits": readout.option_logits,
                     "allowed_token_mass": readout.allowed_token_mass,
                     "top_token": self.engine.piece(readout.top_token_id),
-                    "input_tokens": score.input_tokens,
+                    "input_tokens": input_tokens,
                     "prompt_sha256": prompt_sha256(text),
                     "prompt_version": PROMPT_VERSION,
                     "readout": READOUT,
                     "timing": {
                         "evaluated_tokens": evaluated,
-                        "reused_tokens": score.input_tokens - evaluated,
+                        "reused_tokens": input_tokens - evaluated,
                     },
                 }
             )
-        return {
-            "results": results,
-            "timing": _timing(timing, waited, time.perf_counter() - started),
-        }
+        return {"results": results, "timing": batch.timing_json()}
 
 
-def _timing(timing: BatchTiming, queue_seconds: float, total_seconds: float) -> dict[str, Any]:
-    return {
-        "prefix_tokens": timing.prefix_tokens,
-        "reused_tokens": timing.reused_tokens,
-        "suffix_tokens": timing.suffix_tokens,
-        "evaluated_tokens": timing.prefix_tokens - timing.reused_tokens + timing.suffix_tokens,
-        "prefill_seconds": round(timing.prefill_seconds, 6),
-        "suffix_seconds": round(timing.suffix_seconds, 6),
-        "branch_waves": timing.branch_waves,
-        "queue_seconds": round(queue_seconds, 6),
-        "total_seconds": round(total_seconds, 6),
-    }
+def _paths(mode: Mode, count: int) -> list[str]:
+    """How the decision API names each decision in error messages."""
+    return ["decision"] if mode == "single" else [f"decisions[{index}]" for index in range(count)]

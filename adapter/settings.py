@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -33,6 +33,9 @@ class Settings:
     max_body_bytes: int = 1 << 20
     llama_lib_path: Path | None = None
     prefix_reuse: bool = True
+    max_chat_tokens: int = 512
+    # Bearer key for the /v1 routes; SageMaker's /invocations is authenticated by IAM instead.
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def kv_cells(self) -> int:
@@ -92,6 +95,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if lib_path is not None and not lib_path.is_dir():
         raise SettingsError(f"LLAMA_CPP_LIB_PATH={lib_path} is not a directory")
     cpu_count = os.cpu_count() or 1
+    max_tokens = _required_int(env, "SEMIF_MAX_TOKENS", 4096, 64, 131_072)
     return Settings(
         port=_port(env),
         host=env.get("SEMIF_HOST", "").strip() or Settings.host,
@@ -99,10 +103,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         gguf_path=gguf_path,
         threads=_int(env, "SEMIF_THREADS", None, 1, max(cpu_count, 1024)),
         n_gpu_layers=_required_int(env, "SEMIF_N_GPU_LAYERS", 0, -1, 100_000),
-        max_tokens=_required_int(env, "SEMIF_MAX_TOKENS", 4096, 64, 131_072),
+        max_tokens=max_tokens,
         max_in_flight=_required_int(env, "SEMIF_MAX_IN_FLIGHT", 1, 1, 64),
         max_shared_decisions=_required_int(env, "SEMIF_MAX_SHARED_DECISIONS", 64, 1, 1024),
         max_body_bytes=_required_int(env, "SEMIF_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20),
         llama_lib_path=lib_path,
         prefix_reuse=_flag(env, "SEMIF_PREFIX_REUSE", default=True),
+        # Chat output shares the KV cache with its prompt: at most SEMIF_MAX_TOKENS of each.
+        max_chat_tokens=_required_int(
+            env, "SEMIF_MAX_CHAT_TOKENS", min(512, max_tokens), 1, max_tokens
+        ),
+        api_key=env.get("SEMIF_API_KEY", "").strip() or None,
     )

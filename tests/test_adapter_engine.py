@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -161,3 +163,14 @@ def test_slot_readout_matches_full_vocabulary_softmax(engine: LlamaEngine) -> No
     full = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     assert readout.allowed_token_mass == pytest.approx(full[slots].sum(), rel=1e-6)
     assert readout.probabilities == pytest.approx(full[slots] / full[slots].sum(), rel=1e-6)
+
+
+def test_binding_without_unified_kv_cache_is_refused(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class OldContextParams(ctypes.Structure):
+        _fields_ = [("n_ctx", ctypes.c_uint32), ("n_seq_max", ctypes.c_uint32)]
+
+    monkeypatch.setattr(llama_cpp, "llama_context_params", OldContextParams)
+    with pytest.raises(ModelLoadError, match="binding lacks kv_unified"):
+        make_engine(tiny_gguf)

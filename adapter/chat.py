@@ -1,0 +1,172 @@
+"""OpenAI chat completions (non-streaming) from the decision endpoint's own model.
+
+One endpoint can then serve both paths: decisions and text generation. The messages are
+rendered with the model's chat template, tokens are sampled with llama.cpp's sampler
+(greedy at temperature 0, else top-p then temperature), generation stops at the model's
+end-of-generation token, a stop string, or `max_tokens`, which may not exceed
+SEMIF_MAX_CHAT_TOKENS. Every validation failure is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from adapter.engine import Generation, Sampling
+from adapter.prompts import TemplateRenderError
+from adapter.schema import RequestError
+from adapter.service import DecisionService
+
+ROLES = ("system", "user", "assistant")
+MAX_STOP_STRINGS = 4
+_FIELDS = (
+    "messages",
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "n",
+)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict[str, str]]
+    max_tokens: int
+    sampling: Sampling
+    stop: tuple[str, ...]
+
+
+def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise RequestError(key, f"must be a number from {low} to {high}")
+    return float(value)
+
+
+def _content(value: Any, path: str) -> str:
+    """Message content: a string or a list of text parts (joined)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for index, part in enumerate(value):
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise RequestError(f"{path}[{index}]", 'only {"type": "text"} parts are supported')
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise RequestError(f"{path}[{index}].text", "must be a string")
+            parts.append(text)
+        return "".join(parts)
+    raise RequestError(path, "must be a string or an array of text parts")
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages", "must be a non-empty array")
+    messages = []
+    for index, item in enumerate(value):
+        path = f"messages[{index}]"
+        if not isinstance(item, dict):
+            raise RequestError(path, "must be an object with role and content")
+        role = item.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{path}.role", f"must be one of {', '.join(ROLES)}")
+        messages.append({"role": role, "content": _content(item.get("content"), f"{path}.content")})
+    return messages
+
+
+def _max_tokens(body: Mapping[str, Any], limit: int) -> int:
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    value = body.get(key, limit)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise RequestError(
+            key, f"must be an integer from 1 to {limit} (SEMIF_MAX_CHAT_TOKENS); got {value!r}"
+        )
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS:
+        raise RequestError("stop", f"must be a string or up to {MAX_STOP_STRINGS} strings")
+    if not all(isinstance(stop, str) and stop for stop in stops):
+        raise RequestError("stop", "stop strings must be non-empty strings")
+    return tuple(stops)
+
+
+def parse_chat_request(body: Mapping[str, Any], max_chat_tokens: int) -> ChatRequest:
+    """Validate the supported subset of the OpenAI chat completions request."""
+    for key in body:
+        if key not in _FIELDS:
+            raise RequestError(key, f"unsupported field; supported: {', '.join(_FIELDS)}")
+    if body.get("stream", False) is not False:
+        raise RequestError("stream", "streaming is not supported; omit it or send false")
+    if body.get("n", 1) != 1:
+        raise RequestError("n", "only one choice (n=1) is supported")
+    if "model" in body and not isinstance(body["model"], str):
+        raise RequestError("model", "must be a string")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise RequestError("seed", "must be a non-negative integer")
+    return ChatRequest(
+        messages=_messages(body.get("messages")),
+        max_tokens=_max_tokens(body, max_chat_tokens),
+        sampling=Sampling(
+            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+            seed=seed,
+        ),
+        stop=_stop(body.get("stop", [])),
+    )
+
+
+def generate(service: DecisionService, request: ChatRequest) -> Generation:
+    """Render, check the prompt limit and generate while holding the engine."""
+    with service.exclusive():
+        try:
+            text = service.engine.chat_template.render(request.messages)
+        except TemplateRenderError as error:
+            raise RequestError("messages", str(error)) from None
+        tokens = service.engine.tokenize(text)
+        if len(tokens) > service.max_tokens:
+            raise RequestError(
+                "messages",
+                f"prompt is {len(tokens)} tokens; the limit is {service.max_tokens} "
+                "(SEMIF_MAX_TOKENS)",
+            )
+        return service.engine.generate(
+            tokens,
+            max_new_tokens=request.max_tokens,
+            sampling=request.sampling,
+            stop=request.stop,
+        )
+
+
+def completion(generation: Generation, model: str, completion_id: str) -> dict[str, Any]:
+    """The OpenAI `chat.completion` object for one generation."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": generation.text},
+                "finish_reason": generation.finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": generation.prompt_tokens,
+            "completion_tokens": generation.completion_tokens,
+            "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+        },
+    }

@@ -1,0 +1,227 @@
+"""`semif`: ask a decision endpoint from the command line.
+
+    semif decide adapter/examples/decision.json --url http://127.0.0.1:8080
+    semif systemone adapter/examples/systemone.json --endpoint-name NAME --region REGION
+    semif chat "Say hello in French." --url http://127.0.0.1:8080
+    semif wait --endpoint-name NAME --region REGION
+
+Requests come from a JSON file or stdin (`-`); answers print as a table, or as the raw
+JSON with `--json`. Exit codes: 0 answered, 1 the endpoint refused or failed, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from adapter.client import (
+    ChoiceAnswer,
+    DecisionClient,
+    DecisionResult,
+    EndpointError,
+    NoulAnswer,
+    RetryPolicy,
+    ScoreAnswer,
+    SystemOneAnswers,
+)
+
+TOP_PROBABILITIES = 5
+
+
+class UsageError(Exception):
+    """The command line or the request file is wrong (exit code 2)."""
+
+
+def format_decision(result: DecisionResult) -> str:
+    """One line per decision: the choice, then every option by falling probability."""
+    ranked = sorted(
+        zip(result.option_ids, result.probabilities, strict=True), key=lambda pair: -pair[1]
+    )
+    cells = "  ".join(f"{option}={probability:.3f}" for option, probability in ranked)
+    mass = result.allowed_token_mass
+    return f"  {result.id:<14} -> {result.choice:<15} [{cells}]  (letter mass {mass:.2f})"
+
+
+def _cells(probabilities: dict[str, float]) -> str:
+    ranked = sorted(probabilities.items(), key=lambda pair: -pair[1])
+    shown = "  ".join(f"{key}={p:.3f}" for key, p in ranked[:TOP_PROBABILITIES])
+    hidden = len(ranked) - TOP_PROBABILITIES
+    return shown + (f"  (+{hidden} more)" if hidden > 0 else "")
+
+
+def format_systemone(answers: SystemOneAnswers) -> str:
+    """A table: question, type, answer, confidence, the most probable options."""
+    lines = [f"{'question':<16} {'type':<7} {'answer':<16} {'confidence':<11} probabilities"]
+    for key, answer in answers.answers.items():
+        if isinstance(answer, NoulAnswer):
+            row = ("noul", f"yes={answer.yes:.3f}", "", "")
+        elif isinstance(answer, ChoiceAnswer):
+            row = (
+                "choice",
+                answer.choice,
+                f"{answer.confidence:.3f}",
+                _cells(answer.probabilities),
+            )
+        else:
+            assert isinstance(answer, ScoreAnswer)
+            top = len(answer.legend) - 1
+            value = f"{answer.score:.2f} of 0..{top}"
+            row = ("score", value, f"{answer.confidence:.3f}", _cells(answer.probabilities))
+        kind, value, confidence, cells = row
+        lines.append(f"{key:<16} {kind:<7} {value:<16} {confidence:<11} {cells}".rstrip())
+    lines.append(f"model {answers.model}, {answers.input_tokens} input tokens")
+    return "\n".join(lines)
+
+
+def _read_request(source: str, required: tuple[str, ...]) -> dict[str, Any]:
+    """Read a request body from a file or `-` (stdin) and check it is the expected API."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        body = json.loads(text)
+    except OSError as error:
+        raise UsageError(f"cannot read {source}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise UsageError(f"{source} is not valid JSON: {error}") from None
+    if not isinstance(body, dict) or not any(key in body for key in required):
+        wanted = " or ".join(f'"{key}"' for key in required)
+        raise UsageError(f"{source} must be a JSON object with {wanted}")
+    return body
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _client(args: argparse.Namespace) -> DecisionClient:
+    retry = RetryPolicy(max_attempts=args.max_attempts, max_total_s=args.max_retry_s)
+    if args.url:
+        return DecisionClient.for_url(args.url, retry=retry, timeout_s=args.timeout)
+    runtime_client = None
+    if args.endpoint_url:
+        import boto3
+
+        runtime_client = boto3.client(
+            "sagemaker-runtime", region_name=args.region, endpoint_url=args.endpoint_url
+        )
+    return DecisionClient.for_endpoint(
+        args.endpoint_name, region=args.region, runtime_client=runtime_client, retry=retry
+    )
+
+
+def _emit(args: argparse.Namespace, answer: Any, table: Callable[[Any], str]) -> None:
+    print(json.dumps(answer, indent=2, ensure_ascii=False) if args.json else table(answer))
+
+
+def _decide(args: argparse.Namespace) -> None:
+    body = _read_request(args.file, ("decision", "decisions"))
+    answer = _client(args).invoke(body)
+
+    def table(answer: dict[str, Any]) -> str:
+        results = [answer["result"]] if "result" in answer else answer["results"]
+        return "\n".join(format_decision(DecisionResult.from_json(r)) for r in results)
+
+    _emit(args, answer, table)
+
+
+def _systemone(args: argparse.Namespace) -> None:
+    body = _read_request(args.file, ("questions",))
+    answer = _client(args).invoke(body)
+    _emit(args, answer, lambda raw: format_systemone(SystemOneAnswers.from_json(raw)))
+
+
+def _chat(args: argparse.Namespace) -> None:
+    if (args.message is None) == (args.file is None):
+        raise UsageError("chat needs a MESSAGE or --file FILE (one of them)")
+    if args.file is not None:
+        body = _read_request(args.file, ("messages",))
+    else:
+        messages = [{"role": "user", "content": args.message}]
+        if args.system:
+            messages.insert(0, {"role": "system", "content": args.system})
+        body = {"messages": messages, "temperature": args.temperature}
+        if args.max_tokens is not None:
+            body["max_tokens"] = args.max_tokens
+    answer = _client(args).invoke(body)
+    _emit(args, answer, lambda raw: str(raw["choices"][0]["message"]["content"]))
+
+
+def _wait(args: argparse.Namespace) -> None:
+    shown: list[str] = []
+
+    def progress(line: str) -> None:
+        if not shown or shown[-1] != line:  # a URL is polled often; print changes only
+            shown.append(line)
+            print(line, file=sys.stderr, flush=True)
+
+    client = _client(args)
+    client.wait_until_ready(args.wait_timeout, progress)
+    print(f"ready: {client.transport.describe()}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    target = argparse.ArgumentParser(add_help=False)
+    where = target.add_argument_group("endpoint (one of)")
+    choice = where.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--url", help="a local or self-hosted serve, e.g. http://127.0.0.1:8080")
+    choice.add_argument("--endpoint-name", help="a SageMaker endpoint")
+    where.add_argument("--region", help="AWS region of the endpoint (default: boto3's)")
+    where.add_argument(
+        "--endpoint-url", help="send SageMaker runtime calls here (e.g. a local serve)"
+    )
+    behaviour = target.add_argument_group("behaviour")
+    behaviour.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    behaviour.add_argument(
+        "--max-attempts", type=_positive_int, default=6, help="tries on busy (503)"
+    )
+    behaviour.add_argument(
+        "--max-retry-s", type=float, default=60.0, help="total seconds spent retrying"
+    )
+    behaviour.add_argument("--timeout", type=float, default=120.0, help="HTTP timeout, seconds")
+
+    parser = argparse.ArgumentParser(prog="semif", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    decide = commands.add_parser("decide", parents=[target], help="a decision or shared decisions")
+    decide.add_argument("file", help='JSON file with "decision" or "decisions"; - for stdin')
+    decide.set_defaults(run=_decide)
+    system_one = commands.add_parser("systemone", parents=[target], help="System One questions")
+    system_one.add_argument("file", help="JSON file with state and questions; - for stdin")
+    system_one.set_defaults(run=_systemone)
+    chat = commands.add_parser("chat", parents=[target], help="one chat message")
+    chat.add_argument("message", nargs="?", help="the user message")
+    chat.add_argument("--file", help='or a chat request: JSON with "messages"; - for stdin')
+    chat.add_argument("--system", help="a system message to send first")
+    chat.add_argument("--max-tokens", type=_positive_int)
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    chat.set_defaults(run=_chat)
+    wait = commands.add_parser("wait", parents=[target], help="wait until the endpoint serves")
+    wait.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait")
+    wait.set_defaults(run=_wait)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `semif` console script; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.endpoint_url and not args.endpoint_name:
+        parser.error("--endpoint-url goes with --endpoint-name")
+    try:
+        args.run(args)
+    except UsageError as error:
+        print(f"semif: {error}", file=sys.stderr)
+        return 2
+    except EndpointError as error:
+        print(f"semif: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

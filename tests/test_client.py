@@ -1,0 +1,282 @@
+"""The client against a real local server (uvicorn on loopback, the tiny model): typed
+results, typed errors, the retry policy, and boto3's own invoke_endpoint through the
+server's SageMaker runtime route."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.exceptions
+import pytest
+from botocore.stub import Stubber
+
+from adapter.app import create_app
+from adapter.client import (
+    BusyError,
+    ChoiceAnswer,
+    DecisionClient,
+    EndpointError,
+    HttpTransport,
+    NoulAnswer,
+    RetryPolicy,
+    SageMakerTransport,
+    ScoreAnswer,
+    UnreachableError,
+)
+from adapter.settings import Settings
+from tests.conftest import decision
+from tests.live_server import BusyFirst, live_server, runtime_of
+
+FAST = RetryPolicy(max_attempts=4, base_delay_s=0.001, max_delay_s=0.002)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BusyFirst]:
+    model_dir = tmp_path_factory.mktemp("client-model")
+    shutil.copy(tiny_gguf, model_dir / tiny_gguf.name)
+    app = create_app(Settings(model_dir=model_dir, max_tokens=1024, threads=1))
+    flaky = BusyFirst(app, runtime_of(app))
+    with live_server(flaky) as url:
+        flaky.url = url
+        yield flaky
+
+
+@pytest.fixture
+def url(server: BusyFirst) -> str:
+    server.busy = 0
+    return server.url
+
+
+def runtime_client(url: str) -> Any:
+    """The real boto3 SageMaker runtime client, pointed at the local server."""
+    return boto3.client(
+        "sagemaker-runtime",
+        region_name="us-east-1",
+        endpoint_url=url,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",  # dummy credentials: loopback or stubbed only
+    )
+
+
+# -- typed calls --------------------------------------------------------------------------
+
+
+def test_decide_and_decide_many(url: str) -> None:
+    client = DecisionClient.for_url(url, retry=FAST)
+    result = client.decide(decision())
+    assert result.id == "support-route"
+    assert result.option_ids == ["account_access", "billing", "sales"]
+    assert result.choice == result.option_ids[result.probabilities.index(max(result.probabilities))]
+    assert result.probability("billing") == result.probabilities[1]
+    assert len(result.prompt_sha256) == 64
+    shared = client.decide_many([decision("a"), decision("b", question="Is it urgent?")])
+    assert [r.id for r in shared] == ["a", "b"]
+
+
+def test_systemone_and_chat_return_typed_answers(url: str) -> None:
+    client = DecisionClient.for_url(url, retry=FAST)
+    answers = client.systemone(
+        {"text": "Charged twice."},
+        {
+            "refund": {"type": "noul", "instructions": "Is a refund requested?"},
+            "queue": {
+                "type": "choice",
+                "instructions": "Which queue?",
+                "criteria": {"billing": None, "sales": None},
+            },
+            "urgency": {
+                "type": "score",
+                "instructions": "How urgent?",
+                "criteria": ["low", "high"],
+            },
+        },
+    )
+    assert answers.model == "tiny.gguf"
+    assert isinstance(answers["refund"], NoulAnswer)
+    assert isinstance(answers["queue"], ChoiceAnswer)
+    assert answers["queue"].choice in {"billing", "sales"}
+    assert isinstance(answers["urgency"], ScoreAnswer)
+    assert answers.input_tokens > 0
+    completion = client.chat([{"role": "user", "content": "Hi"}], max_tokens=5)
+    assert completion.completion_tokens <= 5
+    assert completion.finish_reason in {"stop", "length"}
+    assert completion.model == "tiny.gguf"
+
+
+def test_endpoint_errors_keep_the_message_and_are_not_retried(server: BusyFirst, url: str) -> None:
+    client = DecisionClient.for_url(url, retry=FAST)
+    posts = server.posts
+    with pytest.raises(EndpointError) as raised:
+        client.decide({**decision(), "options": []})
+    assert raised.type is EndpointError
+    assert raised.value.status == 400
+    assert raised.value.message == "decision.options: has 0 options; allowed 2..16"
+    assert raised.value.body["request_id"]
+    assert server.posts == posts + 1  # a 4xx is never retried
+    with pytest.raises(EndpointError) as schema:
+        client.systemone("s", {"q": {"type": "noul"}})
+    assert (schema.value.status, schema.value.body["field"]) == (422, "questions.q.instructions")
+
+
+def test_an_unhealthy_model_is_not_retried(server: BusyFirst, url: str) -> None:
+    service = server.runtime.service
+    assert service is not None
+    service.health.healthy = False  # /ping 503 and refusals with "retryable": false
+    posts = server.posts
+    try:
+        with pytest.raises(EndpointError) as raised:
+            DecisionClient.for_url(url, retry=FAST).decide(decision())
+    finally:
+        service.health.healthy = True
+    assert raised.type is EndpointError
+    assert (raised.value.status, raised.value.message) == (503, "model is not healthy")
+    assert server.posts == posts + 1
+
+
+def test_unreachable_server_is_a_typed_error() -> None:
+    client = DecisionClient.for_url("http://127.0.0.1:9", retry=FAST, timeout_s=2)
+    with pytest.raises(UnreachableError) as raised:
+        client.decide(decision())
+    assert raised.value.status == 0
+
+
+# -- retry policy -------------------------------------------------------------------------
+
+
+def test_busy_answers_are_retried_with_capped_full_jitter(server: BusyFirst, url: str) -> None:
+    sleeps: list[float] = []
+    policy = RetryPolicy(max_attempts=5, base_delay_s=0.5, max_delay_s=1.0, max_total_s=60)
+    client = DecisionClient(
+        HttpTransport(url), retry=policy, sleep=sleeps.append, rng=random.Random(3)
+    )
+    server.busy = 3
+    posts = server.posts
+    assert client.decide(decision()).id == "support-route"
+    assert server.posts == posts + 4
+    draws = random.Random(3)
+    assert sleeps == [policy.backoff_s(retry, draws.random()) for retry in range(3)]
+    assert all(0 <= delay <= cap for delay, cap in zip(sleeps, [0.5, 1.0, 1.0], strict=True))
+
+
+def test_busy_through_every_attempt_raises_busy_error(server: BusyFirst, url: str) -> None:
+    sleeps: list[float] = []
+    client = DecisionClient(HttpTransport(url), retry=FAST, sleep=sleeps.append)
+    server.busy = 10
+    posts = server.posts
+    with pytest.raises(BusyError) as raised:
+        client.decide(decision())
+    assert server.posts == posts + FAST.max_attempts
+    assert len(sleeps) == FAST.max_attempts - 1
+    assert raised.value.status == 503
+    assert raised.value.message.startswith("busy: all scoring slots are in use (gave up after 4")
+    assert raised.value.body["retryable"] is True
+
+
+def test_total_retry_time_is_bounded(server: BusyFirst, url: str) -> None:
+    policy = RetryPolicy(max_attempts=1000, base_delay_s=0.05, max_delay_s=0.05, max_total_s=0.3)
+    client = DecisionClient(HttpTransport(url), retry=policy)
+    server.busy = 1000
+    posts = server.posts
+    with pytest.raises(BusyError):
+        client.decide(decision())
+    assert 2 <= server.posts - posts < 1000
+
+
+def test_backoff_is_exponential_then_capped() -> None:
+    policy = RetryPolicy(base_delay_s=0.2, max_delay_s=1.0)
+    assert [policy.backoff_s(n, 1.0) for n in range(5)] == [0.2, 0.4, 0.8, 1.0, 1.0]
+    assert policy.backoff_s(3, 0.0) == 0.0
+    with pytest.raises(ValueError, match="max_attempts"):
+        RetryPolicy(max_attempts=0)
+
+
+# -- the SageMaker path: real boto3 against the local server --------------------------------
+
+
+def test_boto3_invoke_endpoint_works_unchanged_against_the_local_server(url: str) -> None:
+    answer = runtime_client(url).invoke_endpoint(
+        EndpointName="semif-decision",
+        ContentType="application/json",
+        Body=json.dumps({"decision": decision()}),
+    )
+    assert answer["ContentType"] == "application/json"
+    assert json.loads(answer["Body"].read())["result"]["id"] == "support-route"
+
+
+def test_container_errors_reach_boto3_as_model_error(url: str) -> None:
+    with pytest.raises(botocore.exceptions.ClientError) as raised:
+        runtime_client(url).invoke_endpoint(
+            EndpointName="semif-decision",
+            ContentType="application/json",
+            Body=json.dumps({"decision": {}}),
+        )
+    response = raised.value.response
+    assert response["Error"]["Code"] == "ModelError"
+    assert response["OriginalStatusCode"] == 400
+    assert json.loads(response["OriginalMessage"])["error"] == "decision.id: is required"
+
+
+def test_client_on_the_sagemaker_path(server: BusyFirst, url: str) -> None:
+    sleeps: list[float] = []
+    client = DecisionClient.for_endpoint("semif-decision", runtime_client=runtime_client(url))
+    client = DecisionClient(client.transport, retry=FAST, sleep=sleeps.append)
+    assert client.decide(decision()).id == "support-route"
+    with pytest.raises(EndpointError) as raised:
+        client.decide({**decision(), "options": []})
+    assert (raised.value.status, raised.value.message) == (
+        400,
+        "decision.options: has 0 options; allowed 2..16",
+    )
+    server.busy = 2  # the container's 503 arrives as a ModelError and is retried
+    assert client.systemone("s", {"q": {"type": "noul", "instructions": "Yes?"}}).answers
+    assert len(sleeps) == 2
+
+
+def test_wait_for_a_sagemaker_endpoint_reports_progress() -> None:
+    control = boto3.client(
+        "sagemaker",
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",  # dummy credentials: loopback or stubbed only
+    )
+    stubber = Stubber(control)
+    for status in ("Creating", "InService"):
+        stubber.add_response("describe_endpoint", _endpoint(status), {"EndpointName": "semif"})
+    stubber.add_response("describe_endpoint", _endpoint("Failed"), {"EndpointName": "semif"})
+    lines: list[str] = []
+    transport = SageMakerTransport(
+        "semif", runtime_client=object(), control_client=control, poll_s=0.0
+    )
+    client = DecisionClient(transport)
+    with stubber:
+        client.wait_until_ready(timeout_s=60, progress=lines.append)
+        with pytest.raises(EndpointError, match="is Failed: image not found"):
+            client.wait_until_ready(timeout_s=60)
+    assert [line.split(" (")[0] for line in lines] == ["semif: Creating", "semif: InService"]
+
+
+def _endpoint(status: str) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    answer: dict[str, Any] = {
+        "EndpointName": "semif",
+        "EndpointArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint/semif",
+        "EndpointConfigName": "semif-config",
+        "EndpointStatus": status,
+        "CreationTime": now,
+        "LastModifiedTime": now,
+    }
+    if status == "Failed":
+        answer["FailureReason"] = "image not found"
+    return answer
+
+
+def test_wait_for_a_url_returns_when_ready(url: str) -> None:
+    DecisionClient.for_url(url).wait_until_ready(timeout_s=10)
