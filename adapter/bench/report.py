@@ -1,0 +1,470 @@
+"""`semif-bench-report`: decision latency against the hardware limit, measured in one run.
+
+Everything runs on this machine in one process tree, one thing at a time (an in-process
+engine and a server measured together would steal each other's cores). Each round runs:
+- the limit: raw llama.cpp forwards of the exact token sequences, in-process (LlamaEngine);
+- `serve` without prefix reuse: cold start, single decisions, the shared-state request
+  against the same decisions sent one by one, peak resident memory;
+- `serve` with prefix reuse: a follow-up question about the previous request's state, and
+  the single decisions again;
+- llama-cpp-python's own server asked for one token with logprobs over the same prompts.
+Each figure is a ratio of medians with its goal; a MISS is reported, never an error exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import httpx
+
+from adapter.bench.local import ServerProcess, serve_model, serve_peer
+from adapter.bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
+from adapter.bench.tasks import shared_body, single_body
+from adapter.bench.workload import Workload, build_workload
+from adapter.prompts import ANSWER_LETTERS
+from adapter.runtime import load_service
+from adapter.schema import Decision
+from adapter.settings import Settings
+from model_build.embedded import fetch_embedded_model
+
+SCHEMA = "semif-bench-report/1"
+PEER_TOP_LOGPROBS = 20
+PEER_CONTEXT = 2048
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each figure measures; --smoke keeps CI under a minute."""
+
+    singles: int
+    shared: int
+    state_events: int
+    rounds: int
+    repeats: int  # per round, of the shared request and of follow-up questions
+
+
+FULL = Sizes(singles=12, shared=16, state_events=32, rounds=3, repeats=3)
+SMOKE = Sizes(singles=2, shared=2, state_events=4, rounds=1, repeats=1)
+
+
+@dataclass(frozen=True)
+class Goal:
+    op: Literal["<=", ">="]
+    value: float
+
+    def met(self, ratio: float) -> bool:
+        return ratio <= self.value if self.op == "<=" else ratio >= self.value
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.value:g}"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One published number: measured / reference, with the goal it is held to."""
+
+    key: str
+    title: str
+    measured: float
+    measured_label: str
+    reference: float
+    reference_label: str
+    unit: str
+    goal: Goal | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.reference
+
+    @property
+    def verdict(self) -> str:
+        if self.goal is None:
+            return "-"
+        return "PASS" if self.goal.met(self.ratio) else "MISS"
+
+    def line(self) -> str:
+        def show(value: float) -> str:
+            return f"{value / 2**20:.1f} MiB" if self.unit == "bytes" else f"{value:.4f} s"
+
+        goal = f"goal {self.goal}" if self.goal else "no goal"
+        return (
+            f"{self.title}: {self.measured_label} {show(self.measured)} / "
+            f"{self.reference_label} {show(self.reference)} = {self.ratio:.3f}  "
+            f"({goal}) {self.verdict}"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "measured": self.measured,
+            "measured_label": self.measured_label,
+            "reference": self.reference,
+            "reference_label": self.reference_label,
+            "unit": self.unit,
+            "ratio": self.ratio,
+            "goal": str(self.goal) if self.goal else None,
+            "verdict": self.verdict,
+            "details": self.details,
+        }
+
+
+def timed(action: Callable[[], T]) -> tuple[T, float]:
+    started = time.perf_counter()
+    value = action()
+    return value, time.perf_counter() - started
+
+
+# -- measurements -------------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    """Every raw measurement of a run, pooled over rounds; the figures are medians of these."""
+
+    single_texts: list[str] = field(default_factory=list)
+    single_tokens: list[int] = field(default_factory=list)
+    load_seconds: list[float] = field(default_factory=list)
+    single_forward: list[float] = field(default_factory=list)
+    shared_forward: list[float] = field(default_factory=list)
+    shared_forward_breakdown: dict[str, float] = field(default_factory=dict)
+    follow_up_forward: list[float] = field(default_factory=list)
+    cold_start: list[float] = field(default_factory=list)
+    peak_rss_bytes: list[int] = field(default_factory=list)
+    single_invocations: list[float] = field(default_factory=list)
+    separate_requests: list[list[float]] = field(default_factory=list)
+    shared_request: list[float] = field(default_factory=list)
+    shared_request_timing: dict[str, Any] = field(default_factory=dict)
+    follow_up_invocations: list[float] = field(default_factory=list)
+    follow_up_evaluated_tokens: list[int] = field(default_factory=list)
+    follow_up_input_tokens: list[int] = field(default_factory=list)
+    single_invocations_with_reuse: list[float] = field(default_factory=list)
+    peer: list[float] = field(default_factory=list)
+    peer_covers_options: list[bool] = field(default_factory=list)
+    peer_same_prompt_tokens: list[bool] = field(default_factory=list)
+    peer_cold_start: list[float] = field(default_factory=list)
+    peer_peak_rss_bytes: list[int] = field(default_factory=list)
+
+
+def measure_limits(settings: Settings, workload: Workload, samples: Samples) -> None:
+    """Raw forwards in-process on the server's engine settings: cold (cache cleared) for
+    singles and the shared batch; for the follow-up, the second prompt's forward right after
+    the first, which is its suffix alone."""
+    service, load_seconds = timed(lambda: load_service(settings))
+    engine = service.engine
+    try:
+        singles = [service.render([decision], "single")[0] for decision in workload.singles]
+        shared = [tokens for _, tokens in service.render(workload.shared, "shared")]
+        engine.score([singles[0][1]])  # warm-up, untimed: first decodes allocate and page in
+        for _, tokens in singles:
+            engine.reset()
+            samples.single_forward.append(timed(partial(engine.score, [tokens]))[1])
+        for _ in range(workload.shared_repeats):
+            engine.reset()
+            (_, timing), seconds = timed(partial(engine.score, shared))
+            samples.shared_forward.append(seconds)
+        samples.shared_forward_breakdown = {
+            "prefix_tokens": timing.prefix_tokens,
+            "suffix_tokens": timing.suffix_tokens,
+            "prefill_seconds": timing.prefill_seconds,
+            "suffix_seconds": timing.suffix_seconds,
+        }
+        for first, second in workload.follow_ups:
+            (_, first_tokens), (_, second_tokens) = service.render([first, second], "shared")
+            engine.reset()
+            engine.score([first_tokens])
+            samples.follow_up_forward.append(timed(partial(engine.score, [second_tokens]))[1])
+    finally:
+        engine.close()
+    samples.load_seconds.append(load_seconds)
+    samples.single_texts = [text for text, _ in singles]
+    samples.single_tokens = [len(tokens) for _, tokens in singles]
+
+
+def invoke_timed(client: Invoker, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    return timed(partial(client.invoke, body))
+
+
+def send_singles(client: Invoker, decisions: Sequence[Decision]) -> list[float]:
+    return [invoke_timed(client, single_body(decision))[1] for decision in decisions]
+
+
+def local_client(server: ServerProcess, workload: Workload) -> Invoker:
+    """A client for a local server, after one untimed decision: a new process's first
+    decodes page weights in and allocate buffers, which no steady-state request pays."""
+    client = open_client(url=server.base_url, endpoint=None, region=None, timeout_s=600)
+    client.invoke(single_body(workload.singles[0]))
+    return client
+
+
+def measure_cold_server(server: ServerProcess, workload: Workload, samples: Samples) -> None:
+    """`serve` without prefix reuse: singles, then the shared state one by one and at once."""
+    client = local_client(server, workload)
+    samples.single_invocations.extend(send_singles(client, workload.singles))
+    samples.separate_requests.append(send_singles(client, workload.shared))
+    for _ in range(workload.shared_repeats):
+        answer, seconds = invoke_timed(client, shared_body(workload.shared))
+        samples.shared_request.append(seconds)
+    samples.shared_request_timing = answer["timing"]
+    samples.cold_start.append(server.cold_start_seconds)
+    samples.peak_rss_bytes.append(server.peak_rss_bytes())
+
+
+def measure_warm_server(server: ServerProcess, workload: Workload, samples: Samples) -> None:
+    """`serve` with prefix reuse: a follow-up question, then the singles as a user sends them."""
+    client = local_client(server, workload)
+    for first, second in workload.follow_ups:
+        client.invoke(single_body(first))
+        answer, seconds = invoke_timed(client, single_body(second))
+        samples.follow_up_invocations.append(seconds)
+        samples.follow_up_evaluated_tokens.append(answer["timing"]["evaluated_tokens"])
+        samples.follow_up_input_tokens.append(answer["result"]["input_tokens"])
+    samples.single_invocations_with_reuse.extend(send_singles(client, workload.singles))
+
+
+def peer_completion(http: httpx.Client, prompt: str) -> dict[str, Any]:
+    """One token at temperature 0 with the top-N logprobs: how a user gets option scores."""
+    body = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0, "logprobs": PEER_TOP_LOGPROBS}
+    response = http.post("/v1/completions", json=body)
+    response.raise_for_status()
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def measure_peer(server: ServerProcess, workload: Workload, samples: Samples) -> None:
+    """Our single decisions' exact prompt texts: latency, and do all option letters show up
+    among its top logprobs? (A kept-alive connection, as our client has.)"""
+    with httpx.Client(base_url=server.base_url, timeout=600) as http:
+        peer_completion(http, samples.single_texts[0])  # warm-up, untimed
+        for decision, text, tokens in zip(
+            workload.singles, samples.single_texts, samples.single_tokens, strict=True
+        ):
+            answer, seconds = timed(partial(peer_completion, http, text))
+            samples.peer.append(seconds)
+            top = answer["choices"][0]["logprobs"]["top_logprobs"][0] or {}
+            letters = ANSWER_LETTERS[: len(decision.options)]
+            samples.peer_covers_options.append(all(letter in top for letter in letters))
+            samples.peer_same_prompt_tokens.append(answer["usage"]["prompt_tokens"] == tokens)
+    samples.peer_cold_start.append(server.cold_start_seconds)
+    samples.peer_peak_rss_bytes.append(server.peak_rss_bytes())
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+def build_figures(samples: Samples, gguf_bytes: int) -> list[Figure]:
+    """The issue's figures in its order; the peer's only when it was measured."""
+    separate = [seconds for one_round in samples.separate_requests for seconds in one_round]
+    figures = [
+        Figure(
+            "adapter_overhead",
+            "1  Adapter overhead, single decision",
+            statistics.median(samples.single_invocations),
+            "/invocations p50",
+            statistics.median(samples.single_forward),
+            "raw forward p50",
+            "seconds",
+            Goal("<=", 1.10),
+            {"samples": len(samples.single_invocations), "prompt_tokens": samples.single_tokens},
+        ),
+        Figure(
+            "shared_state_speedup",
+            "2a Shared state, separate requests vs one",
+            statistics.median([sum(one_round) for one_round in samples.separate_requests]),
+            "separate requests (no reuse) total p50",
+            statistics.median(samples.shared_request),
+            "one shared request p50",
+            "seconds",
+            Goal(">=", 5.0),
+            {
+                "decisions": len(samples.separate_requests[0]),
+                "server_timing": samples.shared_request_timing,
+            },
+        ),
+        Figure(
+            "shared_state_vs_limit",
+            "2b Shared state vs its limit",
+            statistics.median(samples.shared_request),
+            "one shared request p50",
+            statistics.median(samples.shared_forward),
+            "prefill + batched suffix forward p50",
+            "seconds",
+            Goal("<=", 1.25),
+            {"limit_breakdown": samples.shared_forward_breakdown},
+        ),
+        Figure(
+            "prefix_reuse",
+            "3  Prefix reuse, follow-up question",
+            statistics.median(samples.follow_up_invocations),
+            "/invocations p50",
+            statistics.median(samples.follow_up_forward),
+            "suffix-alone forward p50",
+            "seconds",
+            Goal("<=", 1.25),
+            {
+                "evaluated_tokens": samples.follow_up_evaluated_tokens,
+                "input_tokens": samples.follow_up_input_tokens,
+                "cold_request_same_state_p50_seconds": statistics.median(separate),
+            },
+        ),
+        Figure(
+            "cold_start",
+            "4a Cold start",
+            statistics.median(samples.cold_start),
+            "process start to /ping 200 p50",
+            statistics.median(samples.load_seconds),
+            "in-process model load p50",
+            "seconds",
+        ),
+        Figure(
+            "peak_memory",
+            "4b Peak resident memory",
+            float(max(samples.peak_rss_bytes)),
+            "server VmHWM",
+            float(gguf_bytes),
+            "GGUF size",
+            "bytes",
+        ),
+    ]
+    if samples.peer:
+        figures.append(
+            Figure(
+                "peer",
+                "5  Against llama-cpp-python's server",
+                statistics.median(samples.single_invocations_with_reuse),
+                "ours /invocations p50",
+                statistics.median(samples.peer),
+                "theirs /v1/completions p50",
+                "seconds",
+                Goal("<=", 1.0),
+                {
+                    "samples": len(samples.peer),
+                    "top_logprobs_requested": PEER_TOP_LOGPROBS,
+                    "share_with_all_options_in_top_logprobs": (
+                        sum(samples.peer_covers_options) / len(samples.peer_covers_options)
+                    ),
+                    "same_prompt_tokens": all(samples.peer_same_prompt_tokens),
+                    "peer_cold_start_p50_seconds": statistics.median(samples.peer_cold_start),
+                    "peer_peak_rss_bytes": max(samples.peer_peak_rss_bytes),
+                    "peer_flags": "--logits_all True (required for logprobs)",
+                },
+            )
+        )
+    return figures
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="semif-bench-report", description=__doc__.splitlines()[0])
+    parser.add_argument("--gguf", type=Path, help="GGUF to measure (default: the embedded model)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--n-gpu-layers", type=int, default=0, help="-1 offloads every layer")
+    parser.add_argument("--out", type=Path, default=Path(".cache/bench"), help="output folder")
+    parser.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python's server")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    return parser.parse_args(argv)
+
+
+def environment(args: argparse.Namespace, gguf: Path, sizes: Sizes) -> dict[str, Any]:
+    import llama_cpp
+
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["semif-bench-report", *sys.argv[1:]]),
+        "host": platform.node(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(),
+        "threads": args.threads,
+        "n_gpu_layers": args.n_gpu_layers,
+        "llama_cpp_python": llama_cpp.__version__,
+        "model": {"file": gguf.name, "bytes": gguf.stat().st_size},
+        "sizes": vars(sizes),
+    }
+
+
+def run_round(gguf: Path, args: argparse.Namespace, workload: Workload, samples: Samples) -> None:
+    """One pass of every measurement, never two at once; rounds spread slow phases of a
+    shared machine over all figures instead of one."""
+    settings = Settings(gguf_path=gguf, threads=args.threads, n_gpu_layers=args.n_gpu_layers)
+    measure_limits(settings, workload, samples)
+    options = {"log_dir": args.out, "threads": args.threads, "n_gpu_layers": args.n_gpu_layers}
+    with serve_model(gguf, prefix_reuse=False, **options) as server:
+        measure_cold_server(server, workload, samples)
+    with serve_model(gguf, prefix_reuse=True, **options) as server:
+        measure_warm_server(server, workload, samples)
+    if not args.no_peer:
+        with serve_peer(gguf, n_ctx=PEER_CONTEXT, **options) as server:
+            measure_peer(server, workload, samples)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    sizes = SMOKE if args.smoke else FULL
+    gguf = args.gguf or fetch_embedded_model(DEFAULT_MODEL_CACHE)
+    report: dict[str, Any] = {"schema": SCHEMA, "run": environment(args, gguf, sizes)}
+    samples = Samples()
+    for index in range(sizes.rounds):
+        print(
+            f"round {index + 1}/{sizes.rounds}: limit, serve, serve with reuse"
+            + ("" if args.no_peer else ", llama-cpp-python server"),
+            flush=True,
+        )
+        workload = build_workload(
+            sizes.singles, sizes.shared, sizes.state_events, sizes.repeats, index
+        )
+        run_round(gguf, args, workload, samples)
+    figures = build_figures(samples, gguf.stat().st_size)
+    report["run"]["load_average_at_end"] = os.getloadavg()
+    report["figures"] = {figure.key: figure.as_json() for figure in figures}
+    report["samples"] = {
+        key: value for key, value in asdict(samples).items() if key != "single_texts"
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "bench-report.json"
+    json_path.write_text(json.dumps(finite(report), indent=2, allow_nan=False) + "\n")
+    series = {
+        "raw forward": samples.single_forward,
+        "serve, no prefix reuse": samples.single_invocations,
+        "serve, prefix reuse": samples.single_invocations_with_reuse,
+    }
+    if samples.peer:
+        series["llama-cpp-python server"] = samples.peer
+    png_path = write_histogram(
+        series, args.out / "bench-report-latency.png", "single decisions: servers vs raw forward"
+    )
+    load = report["run"]["load_average_at_start"]
+    print(
+        f"\n{gguf.name}, {args.threads} threads, n_gpu_layers {args.n_gpu_layers}, "
+        f"{sizes.rounds} rounds, load average at start {load[0]:.2f}"
+    )
+    for figure in figures:
+        print(figure.line())
+    print(f"JSON: {json_path}\nhistogram: {png_path}")
+
+
+if __name__ == "__main__":
+    main()

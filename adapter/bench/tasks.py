@@ -1,0 +1,154 @@
+"""JevBench task files: parse each line and map it onto the decision API.
+
+A JevBench task asks one System One question (`noul`, `choice` or `score`) about a state
+and names the label it expects. The decision API takes options, so the mapping is fixed
+here, once, for every runner and report: noul -> options `yes`/`no`, choice -> the criteria
+keys in order, score -> the ordered levels `0`..`N-1`. The task's `labels` must name exactly
+the options the mapping produces; otherwise no answer could ever be valid and the file is
+rejected with its line number instead of silently scoring zero.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapter.schema import Decision, Option, RequestError, parse_decision
+
+SMOKE_TASKS = Path(__file__).resolve().parent / "tasks" / "smoke.jsonl"
+NOUL_DEFAULTS = {"yes": "Yes.", "no": "No."}
+
+
+class TaskFormatError(ValueError):
+    """A task line does not follow the JevBench format; the message names file and line."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One benchmark decision and the label a correct answer puts first."""
+
+    id: str
+    family: str
+    question_type: str
+    decision: Decision
+    expected: str
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(self.decision.option_ids)
+
+    def body(self) -> dict[str, Any]:
+        return single_body(self.decision)
+
+
+def decision_json(decision: Decision) -> dict[str, Any]:
+    """A decision as the API receives it (the inverse of adapter.schema.parse_decision)."""
+    return {
+        "id": decision.id,
+        "state": decision.state,
+        "question": decision.question,
+        "options": [{"id": o.id, "description": o.description} for o in decision.options],
+    }
+
+
+def single_body(decision: Decision) -> dict[str, Any]:
+    """The /invocations body for one decision."""
+    return {"decision": decision_json(decision)}
+
+
+def shared_body(decisions: Sequence[Decision]) -> dict[str, Any]:
+    """The /invocations body for decisions about one state, scored together."""
+    return {"decisions": [decision_json(decision) for decision in decisions]}
+
+
+def _noul_options(criteria: Any) -> tuple[Option, ...]:
+    if criteria is None:
+        return tuple(Option(label, text) for label, text in NOUL_DEFAULTS.items())
+    if not isinstance(criteria, Mapping) or set(criteria) - {"true", "false"}:
+        raise ValueError('noul criteria must be an object with keys "true" and/or "false"')
+    return (
+        Option("yes", str(criteria.get("true") or NOUL_DEFAULTS["yes"])),
+        Option("no", str(criteria.get("false") or NOUL_DEFAULTS["no"])),
+    )
+
+
+def _choice_options(criteria: Any) -> tuple[Option, ...]:
+    if not isinstance(criteria, Mapping) or not criteria:
+        raise ValueError("choice criteria must be a non-empty object: option -> description")
+    # A null description means the key describes itself (System One convention).
+    return tuple(Option(str(key), str(text or key)) for key, text in criteria.items())
+
+
+def _score_options(criteria: Any) -> tuple[Option, ...]:
+    if not isinstance(criteria, list) or not 2 <= len(criteria) <= 10:
+        raise ValueError("score criteria must be a list of 2..10 level descriptions, low to high")
+    return tuple(Option(str(level), str(text)) for level, text in enumerate(criteria))
+
+
+_OPTIONS_BY_TYPE = {"noul": _noul_options, "choice": _choice_options, "score": _score_options}
+
+
+def parse_task(raw: Any) -> Task:
+    """Map one parsed JSON line to a Task; ValueError says which rule it broke."""
+    if not isinstance(raw, Mapping):
+        raise ValueError("a task must be a JSON object")
+    missing = [key for key in ("id", "state", "question", "labels", "expected") if key not in raw]
+    if missing:
+        raise ValueError(f"missing field(s): {', '.join(missing)}")
+    question = raw["question"]
+    if not isinstance(question, Mapping) or question.get("type") not in _OPTIONS_BY_TYPE:
+        raise ValueError('question must be an object with type "noul", "choice" or "score"')
+    question_type = str(question["type"])
+    candidate = Decision(
+        id=str(raw["id"]),
+        state=raw["state"],
+        question=question.get("instructions", ""),
+        options=_OPTIONS_BY_TYPE[question_type](question.get("criteria")),
+    )
+    try:  # the server's own rules: non-empty state and question, 2..16 unique options
+        decision = parse_decision(decision_json(candidate), "task")
+    except RequestError as error:
+        raise ValueError(str(error)) from None
+    labels = raw["labels"]
+    if not isinstance(labels, list) or sorted(map(str, labels)) != sorted(decision.option_ids):
+        raise ValueError(
+            f"labels {labels} must be exactly the {question_type} options {decision.option_ids}"
+        )
+    expected = str(raw["expected"])
+    if expected not in decision.option_ids:
+        raise ValueError(f"expected {expected!r} is not one of the labels {decision.option_ids}")
+    return Task(
+        id=decision.id,
+        family=str(raw.get("family") or question_type),
+        question_type=question_type,
+        decision=decision,
+        expected=expected,
+    )
+
+
+def parse_tasks(lines: Iterable[str], source: str) -> list[Task]:
+    """Parse JSONL text; blank lines are skipped, ids must be unique."""
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            task = parse_task(json.loads(line))
+        except ValueError as error:
+            raise TaskFormatError(f"{source}:{number}: {error}") from None
+        if task.id in seen:
+            raise TaskFormatError(f"{source}:{number}: duplicate task id {task.id!r}")
+        seen.add(task.id)
+        tasks.append(task)
+    if not tasks:
+        raise TaskFormatError(f"{source}: no tasks")
+    return tasks
+
+
+def load_tasks(path: Path = SMOKE_TASKS) -> list[Task]:
+    with path.open(encoding="utf-8") as handle:
+        return parse_tasks(handle, str(path))

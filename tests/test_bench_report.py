@@ -1,0 +1,72 @@
+"""`semif-bench-report`: goal verdicts, and a smoke run of the whole report on real servers."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapter.bench.report import Figure, Goal
+
+REPO = Path(__file__).resolve().parent.parent
+FIGURES = (
+    "adapter_overhead",
+    "shared_state_speedup",
+    "shared_state_vs_limit",
+    "prefix_reuse",
+    "cold_start",
+    "peak_memory",
+    "peer",
+)
+
+
+def test_goals_and_verdicts() -> None:
+    at_most = Figure("k", "t", 1.2, "ours", 1.0, "limit", "seconds", Goal("<=", 1.10))
+    assert at_most.ratio == pytest.approx(1.2)
+    assert at_most.verdict == "MISS"
+    at_least = Figure("k", "t", 6.0, "separate", 1.0, "shared", "seconds", Goal(">=", 5.0))
+    assert at_least.verdict == "PASS"
+    assert Figure("k", "t", 2.0, "a", 1.0, "b", "bytes").verdict == "-"
+    assert "= 1.200  (goal <= 1.1) MISS" in at_most.line()
+    assert (
+        "a 2.0 MiB / b 1.0 MiB = 2.000"
+        in Figure("k", "t", 2 * 2**20, "a", 2**20, "b", "bytes").line()
+    )
+
+
+@pytest.mark.slow
+def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
+    command = [
+        str(Path(sys.executable).parent / "semif-bench-report"),
+        "--smoke",
+        "--out",
+        str(tmp_path),
+    ]
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads((tmp_path / "bench-report.json").read_text())
+    assert report["schema"] == "semif-bench-report/1"
+    assert report["run"]["model"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert tuple(report["figures"]) == FIGURES
+    for key, figure in report["figures"].items():
+        for field in ("measured", "reference", "ratio"):
+            assert isinstance(figure[field], float), (key, field)
+            assert math.isfinite(figure[field]), (key, field)
+            assert figure[field] > 0, (key, field)
+        assert figure["ratio"] == pytest.approx(figure["measured"] / figure["reference"])
+        assert figure["verdict"] in ("PASS", "MISS", "-")
+        assert figure["title"] in run.stdout
+    assert report["figures"]["peak_memory"]["reference"] == 98_362_432
+    assert report["figures"]["peer"]["details"]["same_prompt_tokens"] is True
+    # The follow-up re-evaluates only its suffix, the shared request its prefix once.
+    reuse = report["figures"]["prefix_reuse"]["details"]
+    for evaluated, total in zip(reuse["evaluated_tokens"], reuse["input_tokens"], strict=True):
+        assert 0 < evaluated < total / 2
+    assert (
+        report["figures"]["shared_state_speedup"]["details"]["server_timing"]["prefix_tokens"] > 0
+    )
+    assert (tmp_path / "bench-report-latency.png").read_bytes().startswith(b"\x89PNG")

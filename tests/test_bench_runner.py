@@ -1,0 +1,108 @@
+"""`semif-bench-tasks`: the invalid-answer rule, and a smoke run against a real `serve`."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapter.bench.runner import format_table, run_tasks, summarize
+from adapter.bench.tasks import Task, load_tasks
+from adapter.client import EndpointError
+
+REPO = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class ScriptedClient:
+    """Answers each task id with a scripted response (or raises), like a faulty server."""
+
+    def __init__(self, answers: dict[str, Any]) -> None:
+        self.answers = answers
+
+    def invoke(self, body: Mapping[str, Any]) -> Any:
+        answer = self.answers[body["decision"]["id"]]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def result(option_ids: list[str], probabilities: list[float]) -> dict[str, Any]:
+    return {
+        "result": {
+            "option_ids": option_ids,
+            "probabilities": probabilities,
+            "input_tokens": 120,
+            "timing": {"evaluated_tokens": 100, "reused_tokens": 20},
+        }
+    }
+
+
+def policy_tasks(count: int) -> list[Task]:
+    return [t for t in load_tasks() if t.question_type == "noul"][:count]
+
+
+def test_invalid_answers_count_as_wrong_and_keep_the_run_going() -> None:
+    tasks = policy_tasks(5)
+    right = {t.id: t.expected for t in tasks}
+    scripted: dict[str, Any] = {
+        # correct and valid
+        tasks[0].id: result(["yes", "no"], [1.0, 0.0] if right[tasks[0].id] == "yes" else [0, 1]),
+        # argmax right, but the probabilities sum to 1.01: invalid, so wrong
+        tasks[1].id: result(
+            ["yes", "no"], [0.99, 0.02] if right[tasks[1].id] == "yes" else [0.02, 0.99]
+        ),
+        # labels do not match the task's
+        tasks[2].id: result(["true", "false"], [0.5, 0.5]),
+        # no result object at all
+        tasks[3].id: {"error": "model is loading"},
+        # transport failure
+        tasks[4].id: EndpointError(500, "scoring failed", "{}"),
+    }
+    outcomes = run_tasks(ScriptedClient(scripted), tasks, concurrency=2)
+    assert [o.task.id for o in outcomes] == [t.id for t in tasks]  # order kept under concurrency
+    assert [o.answer is not None for o in outcomes] == [True, False, False, False, False]
+    assert "HTTP 500" in (outcomes[4].error or "")
+    summary = summarize(outcomes)
+    assert summary["valid"] == 1
+    assert summary["accuracy"] == pytest.approx(1 / 5)
+    assert summary["brier"] == pytest.approx(0.0)  # over the one valid answer
+    assert summary["input_tokens_per_decision"] == pytest.approx(120)
+    assert "all" in format_table({"all": summary})
+
+
+@pytest.mark.slow
+def test_smoke_run_against_a_real_server(tmp_path: Path) -> None:
+    """Console script, local `serve` on the embedded model, two concurrent clients (the
+    server admits one request at a time, so the client's busy retries are exercised)."""
+    command = [
+        str(Path(sys.executable).parent / "semif-bench-tasks"),
+        "--local", "--smoke", "--concurrency", "2", "--out", str(tmp_path),
+    ]  # fmt: skip
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads((tmp_path / "bench-tasks.json").read_text())
+    assert report["schema"] == "semif-bench-tasks/1"
+    assert report["concurrency"] == 2
+    overall = report["overall"]
+    assert overall["tasks"] == overall["valid"] == 4
+    assert 0.0 <= overall["accuracy"] <= 1.0
+    assert 0.0 <= overall["brier"] <= 2.0
+    assert 0.0 <= overall["ece"] <= 1.0
+    latency = overall["latency_seconds"]
+    assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+    assert overall["input_tokens_per_decision"] > 0
+    labels = {t.id: set(t.labels) for t in load_tasks()}
+    for outcome in report["outcomes"]:
+        assert outcome["valid"]
+        assert outcome["error"] is None
+        assert set(outcome["probabilities"]) == labels[outcome["id"]]
+        assert math.isclose(sum(outcome["probabilities"].values()), 1.0, abs_tol=1e-3)
+    assert (tmp_path / "bench-tasks-latency.png").read_bytes().startswith(PNG_MAGIC)
+    assert "all" in run.stdout
