@@ -136,14 +136,19 @@ def _question(key: str, value: Any, state: JsonState) -> Question:
     criteria_path = f"{path}.criteria"
     if kind != "noul" and "criteria" not in entry:
         raise SchemaError(criteria_path, "is required")
-    criteria = entry.get("criteria")
-    if kind == "noul":
-        options = _noul(criteria, criteria_path)
-    elif kind == "choice":
-        options = _choice(criteria, criteria_path)
-    else:
-        options = _score(criteria, criteria_path)
+    options = question_options(kind, entry.get("criteria"), criteria_path)
     return Question(key, kind, Decision(key, state, instructions, options))
+
+
+def question_options(kind: Kind, criteria: Any, path: str) -> tuple[Option, ...]:
+    """The ordered options a question of `kind` declares: noul true/false, choice keys,
+    score levels "0".."N-1". Shared with the benchmark task format, which uses the same
+    question objects."""
+    if kind == "noul":
+        return _noul(criteria, path)
+    if kind == "choice":
+        return _choice(criteria, path)
+    return _score(criteria, path)
 
 
 def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:

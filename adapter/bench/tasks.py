@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from adapter.schema import Decision, Option, RequestError, parse_decision
+from adapter.systemone import KINDS, Kind, question_options
 
 SMOKE_TASKS = Path(__file__).resolve().parent / "tasks" / "smoke.jsonl"
-NOUL_DEFAULTS = {"yes": "Yes.", "no": "No."}
+NOUL_LABELS = {"true": "yes", "false": "no"}  # JevBench labels noul answers yes/no
 
 
 class TaskFormatError(ValueError):
@@ -64,33 +65,6 @@ def shared_body(decisions: Sequence[Decision]) -> dict[str, Any]:
     return {"decisions": [decision_json(decision) for decision in decisions]}
 
 
-def _noul_options(criteria: Any) -> tuple[Option, ...]:
-    if criteria is None:
-        return tuple(Option(label, text) for label, text in NOUL_DEFAULTS.items())
-    if not isinstance(criteria, Mapping) or set(criteria) - {"true", "false"}:
-        raise ValueError('noul criteria must be an object with keys "true" and/or "false"')
-    return (
-        Option("yes", str(criteria.get("true") or NOUL_DEFAULTS["yes"])),
-        Option("no", str(criteria.get("false") or NOUL_DEFAULTS["no"])),
-    )
-
-
-def _choice_options(criteria: Any) -> tuple[Option, ...]:
-    if not isinstance(criteria, Mapping) or not criteria:
-        raise ValueError("choice criteria must be a non-empty object: option -> description")
-    # A null description means the key describes itself (System One convention).
-    return tuple(Option(str(key), str(text or key)) for key, text in criteria.items())
-
-
-def _score_options(criteria: Any) -> tuple[Option, ...]:
-    if not isinstance(criteria, list) or not 2 <= len(criteria) <= 10:
-        raise ValueError("score criteria must be a list of 2..10 level descriptions, low to high")
-    return tuple(Option(str(level), str(text)) for level, text in enumerate(criteria))
-
-
-_OPTIONS_BY_TYPE = {"noul": _noul_options, "choice": _choice_options, "score": _score_options}
-
-
 def parse_task(raw: Any) -> Task:
     """Map one parsed JSON line to a Task; ValueError says which rule it broke."""
     if not isinstance(raw, Mapping):
@@ -99,16 +73,19 @@ def parse_task(raw: Any) -> Task:
     if missing:
         raise ValueError(f"missing field(s): {', '.join(missing)}")
     question = raw["question"]
-    if not isinstance(question, Mapping) or question.get("type") not in _OPTIONS_BY_TYPE:
+    if not isinstance(question, Mapping) or question.get("type") not in KINDS:
         raise ValueError('question must be an object with type "noul", "choice" or "score"')
-    question_type = str(question["type"])
-    candidate = Decision(
-        id=str(raw["id"]),
-        state=raw["state"],
-        question=question.get("instructions", ""),
-        options=_OPTIONS_BY_TYPE[question_type](question.get("criteria")),
-    )
-    try:  # the server's own rules: non-empty state and question, 2..16 unique options
+    question_type: Kind = question["type"]
+    try:  # System One's translation of the same question object, then the decision rules
+        options = question_options(question_type, question.get("criteria"), "question.criteria")
+        if question_type == "noul":
+            options = tuple(Option(NOUL_LABELS[o.id], o.description) for o in options)
+        candidate = Decision(
+            id=str(raw["id"]),
+            state=raw["state"],
+            question=question.get("instructions", ""),
+            options=options,
+        )
         decision = parse_decision(decision_json(candidate), "task")
     except RequestError as error:
         raise ValueError(str(error)) from None
