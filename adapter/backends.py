@@ -12,8 +12,16 @@ import ctypes
 from pathlib import Path
 
 
+class BackendLoadError(RuntimeError):
+    """The llama.cpp build directory holds no loadable libggml."""
+
+
 def _ggml(lib_dir: Path) -> ctypes.CDLL:
-    library = ctypes.CDLL(str(lib_dir / "libggml.so"), mode=ctypes.RTLD_GLOBAL)
+    candidates = [lib_dir / "libggml.so", *sorted(lib_dir.glob("libggml.so.*"))]
+    found = next((path for path in candidates if path.is_file()), None)
+    if found is None:
+        raise BackendLoadError(f"no libggml.so in {lib_dir} (LLAMA_CPP_LIB_PATH)")
+    library = ctypes.CDLL(str(found), mode=ctypes.RTLD_GLOBAL)
     library.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
     library.ggml_backend_load_all_from_path.restype = None
     library.ggml_backend_reg_count.restype = ctypes.c_size_t

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adapter.backends import BackendLoadError, bundled_lib_dir, load_backends
 from adapter.model_files import ModelFilesError, discover_gguf, resolve_model_files
 from adapter.readout import NonFiniteLogitsError, read_slots, softmax
 from adapter.schema import RequestError, parse_decision_request
@@ -218,3 +219,10 @@ def test_unreadable_manifest_refuses_to_start(tmp_path: Path) -> None:
     (tmp_path / "model-manifest.json").write_text('{"schema_version": 2}')
     with pytest.raises(ModelFilesError, match=r"invalid manifest .*schema_version: 2"):
         resolve_model_files(tmp_path, None)
+
+
+def test_backends_of_an_external_build_directory(tmp_path: Path) -> None:
+    """An external llama.cpp directory (the DLC's) is loaded from and must hold libggml."""
+    with pytest.raises(BackendLoadError, match=r"no libggml\.so in"):
+        load_backends(tmp_path)
+    assert "CPU" in load_backends(bundled_lib_dir())
