@@ -81,6 +81,8 @@ async def read_json_body(request: Request, max_bytes: int) -> Any:
         )
     except (ValueError, UnicodeDecodeError) as error:
         raise ApiError(400, f"body: invalid JSON ({error})") from None
+    except RecursionError:
+        raise ApiError(400, "body: invalid JSON (nested too deeply)") from None
 
 
 def _reject_constant(name: str) -> float:
@@ -341,7 +343,9 @@ def _authenticate(request: Request, api_key: str | None) -> None:
     if api_key is None:
         return
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), api_key):
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), api_key.encode()
+    ):
         raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <SEMIF_API_KEY>")
 
 

@@ -70,9 +70,6 @@ class RetryPolicy:
         return unit * min(self.max_delay_s, self.base_delay_s * 2.0**retry)
 
 
-NO_RETRY = RetryPolicy(max_attempts=1)
-
-
 # -- typed results ------------------------------------------------------------------------
 
 

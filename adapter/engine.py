@@ -188,6 +188,14 @@ class LlamaEngine:
         self.threads = n_threads
         self.prefix_reuse = prefix_reuse
         self._cached: list[int] = []
+        try:
+            self._check_model(gguf)
+        except BaseException:
+            self.close()  # a refused model must not leak its native memory
+            raise
+
+    def _check_model(self, gguf: Path) -> None:
+        """Compile the chat template and check every answer label; raises ModelLoadError."""
         self.chat_template = ChatTemplate(
             self._chat_template_source(gguf),
             bos_token=self.piece(llama_cpp.llama_vocab_bos(self._vocab), special=True),
@@ -209,7 +217,6 @@ class LlamaEngine:
     def _chat_template_source(self, gguf: Path) -> str:
         raw = llama_cpp.llama_model_chat_template(self._model, None)
         if not raw:
-            self.close()
             raise ModelLoadError(
                 f"{gguf.name} has no chat template (tokenizer.chat_template); the decision "
                 "prompt is rendered with the model's own template, so one is required"
@@ -234,21 +241,18 @@ class LlamaEngine:
             extended = self.tokenize(prompt + letter)
             added = extended[len(base) :]
             if extended[: len(base)] != base or len(added) != 1:
-                self.close()
                 raise ModelLoadError(
                     f"answer letter {letter!r} does not append as exactly one token after the "
                     f"prompt (got {len(added)} new tokens, prefix kept: "
                     f"{extended[: len(base)] == base}); this model cannot be scored by letters"
                 )
             if self.piece(added[0]) != letter:
-                self.close()
                 raise ModelLoadError(
                     f"answer letter {letter!r} token {added[0]} reads back as "
                     f"{self.piece(added[0])!r}"
                 )
             slots.append(added[0])
         if len(set(slots)) != len(slots):
-            self.close()
             raise ModelLoadError("answer letters A..P do not map to distinct tokens")
         return tuple(slots)
 

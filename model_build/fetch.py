@@ -24,7 +24,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from model_build.embedded import EmbeddedModelError, fetch_embedded_model
+from model_build.embedded import EmbeddedModelError, fetch_embedded_model, sha256_of
 from model_build.errors import BuildError
 from model_build.sources import (
     EmbeddedSource,
@@ -130,7 +130,7 @@ def ensure_free_space(directory: Path, needed: int, purpose: str) -> None:
 def _verify_local(path: Path, expected_sha256: str) -> Fetched:
     if not path.is_file():
         raise BuildError(f"source not found: {path} is not a file")
-    digest = _hash_file(path).hexdigest()
+    digest = sha256_of(path)
     if digest != expected_sha256:
         raise BuildError(
             f"sha256 mismatch for {path.name}: expected {expected_sha256}, got {digest}"

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from model_build.sources import COMMIT_PATTERN, SHA256_PATTERN
+
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "model-manifest.json"
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 _T = TypeVar("_T")
 
 
@@ -95,7 +94,7 @@ def parse_manifest(document: object) -> Manifest:
     gguf = _mapping(root.get("gguf"), "gguf")
     build = _mapping(root.get("build"), "build")
     revision = _optional(source, "revision", str, "source.")
-    if revision is not None and not _COMMIT.fullmatch(revision):
+    if revision is not None and not COMMIT_PATTERN.fullmatch(revision):
         raise ManifestError("source.revision: expected a 40-hex commit or null")
     file = _field(gguf, "file", str, "gguf.")
     if "/" in file or "\\" in file or not file.endswith(".gguf") or file.startswith("."):
@@ -177,6 +176,6 @@ def _optional(section: Mapping[str, Any], key: str, kind: type[_T], where: str) 
 
 def _sha256(section: Mapping[str, Any], key: str, where: str) -> str:
     value = _field(section, key, str, where)
-    if not _SHA256.fullmatch(value):
+    if not SHA256_PATTERN.fullmatch(value):
         raise ManifestError(f"{where}{key}: expected 64 lowercase hex digits")
     return value

@@ -24,8 +24,8 @@ from model_build.errors import BuildError
 HF_DEFAULT_BASE_URL = "https://huggingface.co"
 EMBEDDED = "embedded"
 
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}")
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 _HF_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # The GGUF keeps its name inside model.tar.gz and in S3 object metadata (ASCII only), and
@@ -137,7 +137,7 @@ PINNED_SHA256 = {
 def parse_sha256(text: str) -> str:
     """Normalise an expected sha256, refusing anything that is not 64 hex digits."""
     value = text.strip().lower()
-    if not _SHA256.fullmatch(value):
+    if not SHA256_PATTERN.fullmatch(value):
         raise BuildError(f"bad sha256 {text!r}: expected 64 hex digits")
     return value
 
@@ -169,7 +169,7 @@ def _parse_hf(text: str) -> HfSource:
         raise BuildError(
             f"missing revision in {text!r}: pin a 40-hex commit, hf://{org}/{repo}@<commit>/{path}"
         )
-    if not _COMMIT.fullmatch(revision):
+    if not COMMIT_PATTERN.fullmatch(revision):
         raise BuildError(
             f"revision {revision!r} in {text!r} is not a full 40-hex commit "
             "(branch and tag names move, so they are refused)"

@@ -3,7 +3,7 @@
 Tests and the image smoke test need a real model that llama.cpp loads in milliseconds.
 Its answers are noise, but its tokenizer behaves like a production one: every byte is a
 token, a handful of merges exist, and the chat template uses control tokens. The
-`merge_newline_letter` switch adds a merge that breaks the adapter's answer-slot
+`fuse_answer_letter` switch adds a merge that breaks the adapter's answer-slot
 precondition (its template ends the prompt inside a word, and a merge fuses the letter
 "A" with that word's last character), so tests can check that such a model is refused.
 """

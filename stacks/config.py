@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from model_build.errors import BuildError
-from model_build.sources import parse_source
+from model_build.sources import SHA256_PATTERN, parse_source
 
 # `repo@sha256:<64 hex>`: the only image reference accepted anywhere (a tag can move).
 _DIGEST_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ACCOUNT = re.compile(r"^\d{12}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$")
 _INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
@@ -82,7 +81,7 @@ class ModelSource:
         except BuildError as error:
             raise ConfigError(f"model.uri: {error}") from None
         _require(
-            bool(_SHA256.fullmatch(self.sha256)),
+            bool(SHA256_PATTERN.fullmatch(self.sha256)),
             f"model.sha256: {self.sha256!r} is not 64 lowercase hex characters",
         )
 

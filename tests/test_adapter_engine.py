@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from adapter.engine import CapacityError, LlamaEngine, ModelLoadError
-from adapter.prompts import ANSWER_LETTERS
+from adapter.prompts import ANSWER_LETTERS, TemplateRenderError
 from adapter.readout import read_slots
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
@@ -174,3 +174,25 @@ def test_binding_without_unified_kv_cache_is_refused(
     monkeypatch.setattr(llama_cpp, "llama_context_params", OldContextParams)
     with pytest.raises(ModelLoadError, match="binding lacks kv_unified"):
         make_engine(tiny_gguf)
+
+
+def test_refused_model_frees_its_native_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    freed: list[str] = []
+    real_free, real_model_free = llama_cpp.llama_free, llama_cpp.llama_model_free
+
+    def free_context(context: object) -> None:
+        freed.append("context")
+        real_free(context)
+
+    def free_model(model: object) -> None:
+        freed.append("model")
+        real_model_free(model)
+
+    monkeypatch.setattr(llama_cpp, "llama_free", free_context)
+    monkeypatch.setattr(llama_cpp, "llama_model_free", free_model)
+    refusing = "{{ raise_exception('System role not supported') }}"
+    with pytest.raises(TemplateRenderError, match="System role not supported"):
+        make_engine(write_tiny_gguf(tmp_path / "strict.gguf", chat_template=refusing))
+    assert freed == ["context", "model"]

@@ -98,6 +98,9 @@ def test_invalid_json_is_400(tiny_client: TestClient) -> None:
     assert response.json()["error"].startswith("body: invalid JSON")
     nan = tiny_client.post("/invocations", content=b'{"decision": NaN}', headers=HEADERS)
     assert nan.status_code == 400
+    deep = tiny_client.post("/invocations", content=b"[" * 200_000, headers=HEADERS)
+    assert deep.status_code == 400
+    assert deep.json()["error"] == "body: invalid JSON (nested too deeply)"
 
 
 def test_non_json_content_type_is_415(tiny_client: TestClient) -> None:

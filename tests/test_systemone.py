@@ -267,11 +267,17 @@ def test_api_key_guards_the_v1_routes_only(tiny_model_dir: Path) -> None:
     with serving(settings) as guarded:
         missing = post(guarded, body)
         wrong = post(guarded, body, authorization="Bearer nope")
+        accented = guarded.post(
+            "/v1/systemone",
+            content=json.dumps(body),
+            headers={b"content-type": b"application/json", b"authorization": b"Bearer s\xe9cret"},
+        )
         right = post(guarded, body, authorization="Bearer s3cret")
         models = guarded.get("/v1/models")
         # SageMaker authenticates /invocations with IAM; the container cannot see a key.
         invoked = post(guarded, body, "/invocations")
     assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+    assert accented.status_code == 401  # a non-ASCII key is a wrong key, not a crash
     assert missing.headers["www-authenticate"] == "Bearer"
     assert "SEMIF_API_KEY" in missing.json()["error"]
     assert models.status_code == 401
