@@ -7,12 +7,12 @@ and the manifest's size and sha256 are verified before the model is loaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from model_build.embedded import sha256_of
-from model_build.manifest import ManifestError, load_manifest
+from model_build.manifest import Manifest, ManifestError, load_manifest
 
 MANIFEST_NAME = "model-manifest.json"
 
@@ -27,6 +27,7 @@ class ModelFiles:
 
     gguf: Path
     identity: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 1.0  # calibration applied to option probabilities
 
 
 def discover_gguf(model_dir: Path) -> Path:
@@ -55,15 +56,24 @@ def resolve_model_files(model_dir: Path, gguf_path: Path | None) -> ModelFiles:
             gguf=gguf,
             identity={"file": gguf.name, "bytes": gguf.stat().st_size, "manifest": None},
         )
-    return ModelFiles(gguf=gguf, identity=verify_against_manifest(gguf, manifest_path))
+    manifest = _load(manifest_path)
+    calibration = manifest.calibration
+    return ModelFiles(
+        gguf=gguf,
+        identity=verify_against_manifest(gguf, manifest_path, manifest),
+        temperature=calibration.temperature if calibration is not None else 1.0,
+    )
 
 
-def verify_against_manifest(gguf: Path, manifest_path: Path) -> dict[str, Any]:
-    """Check name, size and sha256 against the manifest; return the identity to report."""
+def _load(manifest_path: Path) -> Manifest:
     try:
-        manifest = load_manifest(manifest_path)
+        return load_manifest(manifest_path)
     except ManifestError as error:
         raise ModelFilesError(f"{manifest_path}: invalid manifest ({error})") from None
+
+
+def verify_against_manifest(gguf: Path, manifest_path: Path, manifest: Manifest) -> dict[str, Any]:
+    """Check name, size and sha256 against the manifest; return the identity to report."""
     expected = manifest.gguf
     if expected.file != gguf.name:
         raise ModelFilesError(
@@ -87,5 +97,6 @@ def verify_against_manifest(gguf: Path, manifest_path: Path) -> dict[str, Any]:
         "revision": manifest.source.revision,
         "architecture": expected.architecture,
         "file_type": expected.file_type,
+        "calibration": None if manifest.calibration is None else asdict(manifest.calibration),
         "manifest": MANIFEST_NAME,
     }

@@ -50,16 +50,18 @@ def read_labels(
     logits: npt.NDArray[np.float32],
     next_logits: Mapping[int, npt.NDArray[np.float32]],
     labels: Sequence[tuple[int, ...]],
+    temperature: float = 1.0,
 ) -> SlotReadout:
     """Probabilities of whole labels of one or two tokens, restricted to the declared ones.
 
     A one-token label scores like a letter (`read_slots`). A two-token label (a, b) has the
     exact model probability P(a) * P(b | a), with P(b | a) from the logits after `a`
     (`next_logits[a]`); the declared labels' probabilities are then renormalised, and
-    `option_logits` holds their joint log-probabilities.
+    `option_logits` holds their joint log-probabilities. `temperature` is the model's
+    calibration (from its manifest): probabilities are softmax(scores / temperature).
     """
     if all(len(label) == 1 for label in labels):
-        return read_slots(logits, [label[0] for label in labels])
+        return read_slots(logits, [label[0] for label in labels], temperature)
     if any(len(label) > 2 for label in labels):
         raise ValueError("labels of more than two tokens cannot be scored")
     first = log_probabilities(logits)
@@ -73,24 +75,24 @@ def read_labels(
     )
     return SlotReadout(
         option_logits=[float(value) for value in joint],
-        probabilities=[float(value) for value in softmax(joint)],
+        probabilities=[float(value) for value in softmax(joint / temperature)],
         allowed_token_mass=min(1.0, float(np.exp(joint).sum())),
         top_token_id=int(first.argmax()),
     )
 
 
-def read_slots(logits: npt.NDArray[np.float32], slot_token_ids: Sequence[int]) -> SlotReadout:
-    """Restrict `logits` to `slot_token_ids` and report how much mass the slots held."""
-    full = logits.astype(np.float64)
-    if not np.isfinite(full).all():
-        raise NonFiniteLogitsError("the model returned NaN or infinite logits")
-    slots = full[list(slot_token_ids)]
-    top = float(full.max())
-    log_total = top + float(np.log(np.exp(full - top).sum()))
-    slot_mass = float(np.exp(slots - log_total).sum())
+def read_slots(
+    logits: npt.NDArray[np.float32], slot_token_ids: Sequence[int], temperature: float = 1.0
+) -> SlotReadout:
+    """Restrict `logits` to `slot_token_ids` and report how much mass the slots held.
+
+    The mass is the uncalibrated model's; only the probabilities use `temperature`."""
+    log_p = log_probabilities(logits)
+    ids = list(slot_token_ids)
+    slots = logits[ids].astype(np.float64)
     return SlotReadout(
         option_logits=[float(value) for value in slots],
-        probabilities=[float(value) for value in softmax(slots)],
-        allowed_token_mass=min(1.0, slot_mass),
-        top_token_id=int(full.argmax()),
+        probabilities=[float(value) for value in softmax(slots / temperature)],
+        allowed_token_mass=min(1.0, float(np.exp(log_p[ids]).sum())),
+        top_token_id=int(log_p.argmax()),
     )

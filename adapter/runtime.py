@@ -59,7 +59,9 @@ def load_service(settings: Settings) -> DecisionService:
             "max_shared_decisions": settings.max_shared_decisions,
         },
     }
-    return DecisionService(engine=engine, max_tokens=settings.max_tokens, model=model)
+    return DecisionService(
+        engine=engine, max_tokens=settings.max_tokens, model=model, temperature=files.temperature
+    )
 
 
 @dataclass

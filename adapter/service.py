@@ -65,6 +65,7 @@ class DecisionService:
     engine: LlamaEngine
     max_tokens: int
     model: dict[str, Any]
+    temperature: float = 1.0  # calibration.temperature from the model's manifest
     health: Health = field(default_factory=Health)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -126,7 +127,7 @@ class DecisionService:
                 else self.engine.score(token_lists)
             )
             readouts = [
-                read_labels(score.logits, score.next_logits, group)
+                read_labels(score.logits, score.next_logits, group, self.temperature)
                 for score, group in zip(scores, labels, strict=True)
             ]
         return ScoredBatch(

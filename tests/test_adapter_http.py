@@ -9,14 +9,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
 from adapter import runtime as runtime_module
 from adapter.app import create_app
 from adapter.engine import NativeFailureError
+from adapter.readout import softmax
 from adapter.runtime import Runtime
 from adapter.settings import Settings
+from model_build.embedded import sha256_of
+from model_build.gguf_info import inspect_gguf
+from model_build.manifest import BuildInfo, Calibration, Manifest, SourceInfo
 from tests.conftest import decision, serving
 
 HEADERS = {"content-type": "application/json"}
@@ -259,3 +264,21 @@ def test_failed_load_is_reported_by_ping(tmp_path: Path) -> None:
     assert ping.status_code == 503
     assert ping.json()["status"] == "failed"
     assert "found 0: none" in failures[0]
+
+
+def test_manifest_calibration_is_applied_and_reported(tiny_model_dir: Path) -> None:
+    gguf = next(tiny_model_dir.glob("*.gguf"))
+    info = inspect_gguf(gguf, file=gguf.name, size=gguf.stat().st_size, sha256=sha256_of(gguf))
+    manifest = Manifest(
+        source=SourceInfo(uri="s3://bucket/tiny.gguf", revision=None, file=gguf.name),
+        gguf=info,
+        build=BuildInfo(built_at="2026-11-29T00:00:00Z", builder_version="test"),
+        calibration=Calibration(temperature=2.5),
+    )
+    (tiny_model_dir / "model-manifest.json").write_text(manifest.to_json())
+    with serving(Settings(model_dir=tiny_model_dir, threads=2)) as client:
+        body = post(client, {"decision": decision()}).json()
+    result = body["result"]
+    logits = np.array(result["option_logits"])
+    assert result["probabilities"] == pytest.approx(list(softmax(logits / 2.5)), abs=1e-9)
+    assert body["model"]["calibration"] == {"temperature": 2.5}

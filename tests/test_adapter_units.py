@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from adapter.model_files import ModelFilesError, discover_gguf, resolve_model_fi
 from adapter.readout import NonFiniteLogitsError, read_slots, softmax
 from adapter.schema import RequestError, parse_decision_request
 from adapter.settings import SettingsError, load_settings
-from model_build.manifest import BuildInfo, GgufInfo, Manifest, SourceInfo
+from model_build.manifest import BuildInfo, Calibration, GgufInfo, Manifest, SourceInfo
 from tests.conftest import decision
 
 # -- settings -----------------------------------------------------------------------------
@@ -77,7 +78,9 @@ def test_discovery_refuses_an_empty_directory(tmp_path: Path) -> None:
         discover_gguf(tmp_path)
 
 
-def _manifest(directory: Path, gguf: Path, **overrides: object) -> None:
+def _manifest(
+    directory: Path, gguf: Path, calibration: Calibration | None = None, **overrides: object
+) -> None:
     data = gguf.read_bytes()
     entry = GgufInfo(
         file=gguf.name,
@@ -94,6 +97,7 @@ def _manifest(directory: Path, gguf: Path, **overrides: object) -> None:
         source=SourceInfo(uri="s3://b/k.gguf", revision=None, file="k.gguf"),
         gguf=replace(entry, **overrides),  # type: ignore[arg-type]
         build=BuildInfo(built_at="2026-11-29T00:00:00Z", builder_version="test"),
+        calibration=calibration,
     )
     (directory / "model-manifest.json").write_text(manifest.to_json())
 
@@ -102,9 +106,19 @@ def test_manifest_match_reports_identity(tmp_path: Path) -> None:
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF-bytes")
     _manifest(tmp_path, gguf)
-    identity = resolve_model_files(tmp_path, None).identity
-    assert identity["sha256"] == hashlib.sha256(b"GGUF-bytes").hexdigest()
-    assert identity["source"] == "s3://b/k.gguf"
+    files = resolve_model_files(tmp_path, None)
+    assert files.identity["sha256"] == hashlib.sha256(b"GGUF-bytes").hexdigest()
+    assert files.identity["source"] == "s3://b/k.gguf"
+    assert (files.temperature, files.identity["calibration"]) == (1.0, None)
+
+
+def test_manifest_calibration_sets_the_temperature(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF-bytes")
+    _manifest(tmp_path, gguf, calibration=Calibration(temperature=1.7))
+    files = resolve_model_files(tmp_path, None)
+    assert files.temperature == 1.7
+    assert files.identity["calibration"] == {"temperature": 1.7}
 
 
 @pytest.mark.parametrize(
@@ -116,7 +130,7 @@ def test_manifest_match_reports_identity(tmp_path: Path) -> None:
     ],
 )
 def test_manifest_mismatch_refuses_to_start(
-    tmp_path: Path, override: dict[str, object], message: str
+    tmp_path: Path, override: dict[str, Any], message: str
 ) -> None:
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF-bytes")
@@ -141,6 +155,15 @@ def test_read_slots_restricts_and_measures_mass() -> None:
     assert readout.probabilities == pytest.approx([1 / 3, 2 / 3])
     assert readout.allowed_token_mass == pytest.approx(0.75, abs=1e-6)
     assert readout.top_token_id == 0
+
+
+def test_temperature_calibrates_probabilities_not_mass() -> None:
+    logits = np.log(np.array([0.5, 0.25, 0.125, 0.125], dtype=np.float32))
+    plain, calibrated = read_slots(logits, [0, 1]), read_slots(logits, [0, 1], temperature=2.0)
+    assert calibrated.probabilities == pytest.approx(list(softmax(np.log([0.5, 0.25]) / 2)))
+    assert calibrated.probabilities[0] < plain.probabilities[0]
+    assert calibrated.allowed_token_mass == pytest.approx(plain.allowed_token_mass)
+    assert calibrated.option_logits == plain.option_logits
 
 
 def test_read_slots_refuses_nan() -> None:
