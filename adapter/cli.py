@@ -183,7 +183,12 @@ def _parser() -> argparse.ArgumentParser:
     behaviour.add_argument(
         "--max-retry-s", type=float, default=60.0, help="total seconds spent retrying"
     )
-    behaviour.add_argument("--timeout", type=float, default=120.0, help="HTTP timeout, seconds")
+    behaviour.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="HTTP timeout for --url, seconds (SageMaker calls: the runtime's 70 s)",
+    )
 
     parser = argparse.ArgumentParser(prog="semif", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)

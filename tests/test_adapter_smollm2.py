@@ -23,7 +23,7 @@ from adapter.service import DecisionService
 # scored alone by up to ~0.06 in probability. The cause is llama.cpp's numerics, not
 # leakage between branches: the same comparison on the f32 test model agrees within 1e-3
 # (see test_adapter_engine), and here a change of micro-batch size alone moves results.
-SMOLLM2_BATCH_TOLERANCE = 0.1
+SMOLLM2_BATCH_TOLERANCE = 0.05  # measured 0.036
 
 
 def example(name: str) -> Any:

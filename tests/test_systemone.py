@@ -356,6 +356,7 @@ def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
             if len(decision.options) > len(SINGLE_LABELS):
                 errors = np.abs(np.array(readout.option_logits) - joint)
                 assert errors.mean() < 0.1
+                assert errors.max() < 0.5  # measured 0.23; two swapped labels differ by nats
                 assert joint.max() - joint.min() > 5.0
     finally:
         engine.close()
