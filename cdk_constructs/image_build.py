@@ -17,8 +17,6 @@ from cdk_constructs.nag import acknowledge
 
 BUILDSPEC = "adapter/buildspec.yml"
 SOURCE_PATHS = ("adapter", "model_build", "pyproject.toml")
-# Keep enough history to roll back; an endpoint's image must never be expired under it.
-KEEP_IMAGES = 30
 IMAGE_URI_VARIABLE = "IMAGE_URI"
 
 
@@ -57,18 +55,15 @@ class ImageRepository(Construct):
             image_tag_mutability=ecr.TagMutability.IMMUTABLE,
             image_scan_on_push=True,
             encryption=ecr.RepositoryEncryption.AES_256,
+            # Only untagged leftovers expire: every pushed image is tagged, and a tagged image
+            # may be what an endpoint (or its rollback) serves, so age or count rules could
+            # delete an image under a live endpoint. Old tags are removed with the repository.
             lifecycle_rules=[
                 ecr.LifecycleRule(
                     description="Drop untagged layers left by interrupted pushes",
                     tag_status=ecr.TagStatus.UNTAGGED,
                     max_image_age=Duration.days(1),
                     rule_priority=1,
-                ),
-                ecr.LifecycleRule(
-                    description=f"Keep the newest {KEEP_IMAGES} images",
-                    tag_status=ecr.TagStatus.ANY,
-                    max_image_count=KEEP_IMAGES,
-                    rule_priority=2,
                 ),
             ],
             removal_policy=removal_policy,

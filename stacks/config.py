@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from adapter.settings import SettingsError, load_settings
 from model_build.errors import BuildError
 from model_build.sources import SHA256_PATTERN, parse_source
 
@@ -212,6 +213,21 @@ class DecisionEndpointSettings:
             )
         _require(self.max_in_flight >= 1, f"decision.max_in_flight: {self.max_in_flight} < 1")
         _require(self.max_tokens >= 256, f"decision.max_tokens: {self.max_tokens} < 256")
+        try:  # the container's own validation, so synth fails where the endpoint would
+            load_settings(self.container_environment())
+        except SettingsError as error:
+            raise ConfigError(f"decision: {error}") from None
+
+    def container_environment(self) -> dict[str, str]:
+        """The adapter's `SEMIF_*` variables (the image itself sets `LLAMA_CPP_LIB_PATH`)."""
+        environment = {
+            "SEMIF_N_GPU_LAYERS": str(self.gpu_layers),
+            "SEMIF_MAX_TOKENS": str(self.max_tokens),
+            "SEMIF_MAX_IN_FLIGHT": str(self.max_in_flight),
+        }
+        if isinstance(self.placement, CpuPlacement):
+            environment["SEMIF_THREADS"] = str(self.placement.threads)
+        return environment
 
     @property
     def uses_gpu(self) -> bool:

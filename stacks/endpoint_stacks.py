@@ -26,18 +26,6 @@ from stacks.config import (
 )
 
 
-def decision_environment(settings: DecisionEndpointSettings) -> dict[str, str]:
-    """The adapter's `SEMIF_*` variables (the image itself sets `LLAMA_CPP_LIB_PATH`)."""
-    environment = {
-        "SEMIF_N_GPU_LAYERS": str(settings.gpu_layers),
-        "SEMIF_MAX_TOKENS": str(settings.max_tokens),
-        "SEMIF_MAX_IN_FLIGHT": str(settings.max_in_flight),
-    }
-    if isinstance(settings.placement, CpuPlacement):
-        environment["SEMIF_THREADS"] = str(settings.placement.threads)
-    return environment
-
-
 def standard_environment(settings: StandardEndpointSettings) -> dict[str, str]:
     """The DLC turns each `SM_LLAMA_CPP_FOO_BAR` into llama-server's `--foo-bar`."""
     return {
@@ -83,7 +71,7 @@ class DecisionEndpointStack(Stack):
             bucket=bucket,
             object_key=object_key,
             key=key,
-            environment=decision_environment(settings),
+            environment=settings.container_environment(),
             placement=settings.placement,
             initial_instance_count=settings.autoscaling.min_capacity,
             startup_timeout_seconds=settings.startup_timeout_seconds,

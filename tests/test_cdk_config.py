@@ -160,6 +160,18 @@ def test_gpu_pool_bounds_are_inclusive() -> None:
             "GPU pools",
         ),
         (
+            lambda: DecisionEndpointSettings(
+                placement=gpu(), gpu_layers=-1, autoscaling=SCALING, max_in_flight=100
+            ),
+            "decision: SEMIF_MAX_IN_FLIGHT=100 is out of range; allowed 1..64",
+        ),
+        (
+            lambda: DecisionEndpointSettings(
+                placement=gpu(), gpu_layers=-1, autoscaling=SCALING, max_tokens=200_000
+            ),
+            "decision: SEMIF_MAX_TOKENS=200000 is out of range",
+        ),
+        (
             lambda: StandardEndpointSettings(
                 instance_type="ml.c6i.2xlarge", context_size=4096, threads=8, gpu_layers=99
             ),

@@ -345,7 +345,9 @@ def test_image_build_project_per_flavor(synth: Synth, env: str, flavor: ImageFla
     repository = one(raw, "AWS::ECR::Repository")
     assert repository["ImageTagMutability"] == "IMMUTABLE"
     assert repository["ImageScanningConfiguration"] == {"ScanOnPush": True}
-    assert "LifecyclePolicyText" in repository["LifecyclePolicy"]
+    rules = json.loads(repository["LifecyclePolicy"]["LifecyclePolicyText"])["rules"]
+    # Nothing an endpoint may serve expires: only untagged leftovers do.
+    assert [rule["selection"]["tagStatus"] for rule in rules] == ["untagged"]
     project = one(raw, "AWS::CodeBuild::Project")
     assert project["Source"]["BuildSpec"] == "adapter/buildspec.yml"
     assert project["Environment"]["PrivilegedMode"] is True
