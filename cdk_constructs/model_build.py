@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -24,6 +24,12 @@ GGUF_SHA256 = "MODEL_GGUF_SHA256"
 def model_object_key(sha256: str) -> str:
     """Content-addressed key: a new model gets a new key, so endpoints never see a swap."""
     return f"models/{sha256}/model.tar.gz"
+
+
+def source_object_arn(model_uri: str) -> str:
+    """The ARN of an `s3://bucket/key` model source."""
+    bucket, _, key = model_uri.removeprefix("s3://").partition("/")
+    return f"arn:{Aws.PARTITION}:s3:::{bucket}/{key}"
 
 
 class ModelBuild(Construct):
@@ -69,6 +75,10 @@ class ModelBuild(Construct):
             ["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"],
             [bucket.arn_for_objects(self.object_key)],
         )
+        if model_uri.startswith("s3://"):
+            # Read exactly the pinned source object (an SSE-KMS source also needs its key's
+            # policy to allow this role kms:Decrypt; that key is not ours to grant).
+            self.project.allow(["s3:GetObject"], [source_object_arn(model_uri)])
         trigger = hashlib.sha256(
             f"{source.asset_hash}|{model_uri}|{model_sha256}".encode()
         ).hexdigest()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from stacks.config import (
     EndpointKind,
     EnvironmentConfig,
     GpuPlacement,
+    ModelSource,
 )
 from stacks.deployment import add_environment, endpoint_name, stack_name
 
@@ -321,6 +322,31 @@ def test_model_build_role_writes_only_its_object(synth: Synth) -> None:
     ]
     assert len(writes) == 1
     assert json.dumps(writes[0]["Resource"]).endswith(f'"/{key}"]]}}')
+
+
+def test_model_build_role_reads_an_s3_source_object(tmp_path: Path) -> None:
+    uri = "s3://model-sources/qwen/Qwen3.5-4B-Q4_K_M.gguf"
+    config = replace(ENVIRONMENTS["dev"], model=ModelSource(uri=uri, sha256="a" * 64))
+    app = cdk.App(outdir=str(tmp_path), context=CDK_CONTEXT)
+    add_environment(app, config, cdk_app.REPO_ROOT)
+    raw = app.synth().get_stack_by_name("semif-dev-artifact").template
+    reads = [
+        statement["Resource"]
+        for _, statement in statements(raw)
+        if as_list(statement["Action"]) == ["s3:GetObject"]
+    ]
+    assert reads == [
+        {
+            "Fn::Join": [
+                "",
+                [
+                    "arn:",
+                    {"Ref": "AWS::Partition"},
+                    ":s3:::model-sources/qwen/Qwen3.5-4B-Q4_K_M.gguf",
+                ],
+            ]
+        }
+    ]
 
 
 def test_deploy_time_build_finishes_inside_the_custom_resource_hour() -> None:
