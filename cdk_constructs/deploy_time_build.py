@@ -152,7 +152,11 @@ class BuildWaiter(Construct):
         """Let the handlers start and read builds of exactly this project."""
         self.role.add_to_policy(
             iam.PolicyStatement(
-                actions=["codebuild:StartBuild", "codebuild:BatchGetBuilds"],
+                actions=[
+                    "codebuild:StartBuild",
+                    "codebuild:BatchGetBuilds",
+                    "codebuild:ListBuildsForProject",
+                ],
                 resources=[project.project_arn],
             )
         )

@@ -56,20 +56,65 @@ def build(status: str, exported: list[dict[str, str]] | None = None) -> dict[str
     }
 
 
+TRIGGER = "cpu-" + "0" * 32
+START = {
+    "projectName": PROJECT,
+    "environmentVariablesOverride": [
+        {"name": handler.TRIGGER_VARIABLE, "value": TRIGGER, "type": "PLAINTEXT"}
+    ],
+}
+HISTORY = {"projectName": PROJECT, "sortOrder": "DESCENDING"}
+
+
+def tagged(build_id: str, status: str, trigger: str) -> dict[str, Any]:
+    variables = [{"name": handler.TRIGGER_VARIABLE, "value": trigger, "type": "PLAINTEXT"}]
+    return {
+        "id": build_id,
+        "buildStatus": status,
+        "environment": {
+            "type": "LINUX_CONTAINER",
+            "image": "x",
+            "computeType": "BUILD_GENERAL1_MEDIUM",
+            "environmentVariables": variables,
+        },
+    }
+
+
 def test_create_starts_one_build_and_keeps_the_project_as_physical_id(
     codebuild: tuple[Any, Stubber],
 ) -> None:
     client, stubber = codebuild
-    stubber.add_response("start_build", {"build": {"id": BUILD_ID}}, {"projectName": PROJECT})
+    stubber.add_response("list_builds_for_project", {}, HISTORY)
+    stubber.add_response("start_build", {"build": {"id": BUILD_ID}}, START)
     result = handler.on_event(event("Create"), None, client)
     assert result == {"PhysicalResourceId": PROJECT, "Data": {"BuildId": BUILD_ID}}
 
 
-def test_update_starts_a_new_build(codebuild: tuple[Any, Stubber]) -> None:
+def test_update_with_new_inputs_starts_a_new_build(codebuild: tuple[Any, Stubber]) -> None:
     client, stubber = codebuild
-    stubber.add_response("start_build", {"build": {"id": BUILD_ID}}, {"projectName": PROJECT})
+    older = f"{PROJECT}:older"
+    stubber.add_response("list_builds_for_project", {"ids": [older]}, HISTORY)
+    stubber.add_response(
+        "batch_get_builds", {"builds": [tagged(older, "SUCCEEDED", "cpu-" + "9" * 32)]}
+    )
+    stubber.add_response("start_build", {"build": {"id": BUILD_ID}}, START)
     result = handler.on_event(event("Update", PhysicalResourceId=PROJECT), None, client)
-    assert result["PhysicalResourceId"] == PROJECT
+    assert result == {"PhysicalResourceId": PROJECT, "Data": {"BuildId": BUILD_ID}}
+
+
+def test_rollback_reuses_the_build_that_succeeded_for_its_trigger(
+    codebuild: tuple[Any, Stubber],
+) -> None:
+    """A rollback's Update carries the previous trigger: no new build, the old outputs."""
+    client, stubber = codebuild
+    failed, earlier = f"{PROJECT}:failed", f"{PROJECT}:earlier"
+    stubber.add_response("list_builds_for_project", {"ids": [failed, earlier]}, HISTORY)
+    stubber.add_response(
+        "batch_get_builds",
+        {"builds": [tagged(earlier, "SUCCEEDED", TRIGGER), tagged(failed, "FAILED", TRIGGER)]},
+    )
+    result = handler.on_event(event("Update", PhysicalResourceId=PROJECT), None, client)
+    assert result == {"PhysicalResourceId": PROJECT, "Data": {"BuildId": earlier}}
 
 
 def test_delete_starts_nothing_and_completes_at_once(codebuild: tuple[Any, Stubber]) -> None:
@@ -150,7 +195,7 @@ def test_round_trip_against_moto(monkeypatch: pytest.MonkeyPatch) -> None:
             },
             serviceRole="arn:aws:iam::123456789012:role/build",
         )
-        props = {"ProjectName": PROJECT, "OutputVariables": []}
+        props = {"ProjectName": PROJECT, "Trigger": TRIGGER, "OutputVariables": []}
         created = handler.on_event({"RequestType": "Create", "ResourceProperties": props}, None)
         polled = handler.is_complete(
             {"RequestType": "Create", "ResourceProperties": props, **created}, None

@@ -357,7 +357,11 @@ def test_waiter_handlers_may_only_start_and_read_their_project(synth: Synth) -> 
     raw = synth.raw("dev", "decision")
     codebuild = [s for _, s in statements(raw) if "codebuild:StartBuild" in as_list(s["Action"])]
     assert len(codebuild) == 1
-    assert sorted(codebuild[0]["Action"]) == ["codebuild:BatchGetBuilds", "codebuild:StartBuild"]
+    assert sorted(codebuild[0]["Action"]) == [
+        "codebuild:BatchGetBuilds",
+        "codebuild:ListBuildsForProject",
+        "codebuild:StartBuild",
+    ]
     assert "Fn::ImportValue" in codebuild[0]["Resource"]
 
 

@@ -6,6 +6,13 @@ query interval until the build ends. A successful build's exported variables bec
 custom resource's attributes (e.g. `IMAGE_URI`); a failed one fails the deploy with a
 link to the build log. Deleting the resource deletes nothing: builds are not resources.
 
+Each build is tagged with the resource's `Trigger` (a hash of its inputs) as the variable
+DEPLOY_TRIGGER. A Create or Update whose trigger already has a succeeded build reuses it
+instead of building again. That is what makes a failed deploy roll back cleanly:
+CloudFormation's rollback sends an Update with the previous trigger, which finds the build
+that produced the previous outputs, rather than re-running the project (whose inputs have
+already moved on) for up to the build timeout.
+
 stdlib + boto3 only (the Lambda runtime provides boto3).
 """
 
@@ -22,6 +29,8 @@ LOG.setLevel(logging.INFO)
 
 IN_PROGRESS = "IN_PROGRESS"
 SUCCEEDED = "SUCCEEDED"
+TRIGGER_VARIABLE = "DEPLOY_TRIGGER"
+_RECENT_BUILDS = 100  # how far back a reusable build is looked for (one API page)
 
 
 class BuildFailedError(RuntimeError):
@@ -42,9 +51,37 @@ def on_event(event: Mapping[str, Any], _context: object, client: Any = None) -> 
     project = str(props["ProjectName"])
     if event["RequestType"] == "Delete":
         return {"PhysicalResourceId": event.get("PhysicalResourceId", project)}
-    build = (client or _codebuild()).start_build(projectName=project)["build"]
+    codebuild = client or _codebuild()
+    trigger = str(props["Trigger"])
+    previous = succeeded_build(codebuild, project, trigger)
+    if previous is not None:
+        LOG.info("reusing %s: it succeeded for trigger %s", previous, trigger)
+        return {"PhysicalResourceId": project, "Data": {"BuildId": previous}}
+    build = codebuild.start_build(
+        projectName=project,
+        environmentVariablesOverride=[
+            {"name": TRIGGER_VARIABLE, "value": trigger, "type": "PLAINTEXT"}
+        ],
+    )["build"]
     LOG.info("started %s for %s", build["id"], event["RequestType"])
     return {"PhysicalResourceId": project, "Data": {"BuildId": build["id"]}}
+
+
+def succeeded_build(client: Any, project: str, trigger: str) -> str | None:
+    """The newest recent build of `project` that succeeded for exactly `trigger`."""
+    ids = client.list_builds_for_project(projectName=project, sortOrder="DESCENDING").get("ids", [])
+    recent = ids[:_RECENT_BUILDS]
+    if not recent:
+        return None
+    by_id = {build["id"]: build for build in client.batch_get_builds(ids=recent)["builds"]}
+    for build in (by_id[build_id] for build_id in recent if build_id in by_id):
+        variables = build.get("environment", {}).get("environmentVariables", [])
+        tagged = any(
+            v.get("name") == TRIGGER_VARIABLE and v.get("value") == trigger for v in variables
+        )
+        if tagged and build.get("buildStatus") == SUCCEEDED:
+            return str(build["id"])
+    return None
 
 
 def is_complete(event: Mapping[str, Any], _context: object, client: Any = None) -> dict[str, Any]:
