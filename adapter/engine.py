@@ -201,14 +201,14 @@ class LlamaEngine:
             bos_token=self.piece(llama_cpp.llama_vocab_bos(self._vocab), special=True),
             eos_token=self.piece(llama_cpp.llama_vocab_eos(self._vocab), special=True),
         )
-        self.slot_token_ids = self._check_answer_slots()
+        prompt = self._probe_prompt()
+        base = self.tokenize(prompt)
+        self.slot_token_ids = self._check_answer_slots(prompt, base)
         self._labels: dict[str, tuple[int, ...]] = {
             letter: (token,)
             for letter, token in zip(ANSWER_LETTERS, self.slot_token_ids, strict=True)
         }
         self._label_problems: dict[int, str] = {}  # label length -> why that group is unusable
-        prompt = self._probe_prompt()
-        base = self.tokenize(prompt)
         for group in (SINGLE_LABELS, PAIR_LABELS):
             self._check_label_group(group, prompt, base)
 
@@ -232,10 +232,8 @@ class LlamaEngine:
         )
         return render_decision(self.chat_template, probe)
 
-    def _check_answer_slots(self) -> tuple[int, ...]:
+    def _check_answer_slots(self, prompt: str, base: list[int]) -> tuple[int, ...]:
         """Each answer letter must be one distinct token appended cleanly after a prompt."""
-        prompt = self._probe_prompt()
-        base = self.tokenize(prompt)
         slots: list[int] = []
         for letter in ANSWER_LETTERS:
             extended = self.tokenize(prompt + letter)
