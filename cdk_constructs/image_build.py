@@ -15,16 +15,18 @@ from cdk_constructs.build_project import BuildProject, RepoSource
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT
 from cdk_constructs.nag import acknowledge
 
-BUILDSPEC = "adapter/buildspec.yml"
-SOURCE_PATHS = ("adapter", "model_build", "pyproject.toml")
+BUILDSPEC = "images/buildspec.yml"
+# Exactly what goes into the image or its build: the image tag hashes these, so editing the
+# client, a benchmark or a lint rule does not rebuild the image or replace the endpoint.
+SOURCE_PATHS = ("images", "adapter", "model_build")
 IMAGE_URI_VARIABLE = "IMAGE_URI"
 
 
 class ImageFlavor(enum.Enum):
     """CPU or CUDA child image: its Dockerfile and the ggml backend its smoke test expects."""
 
-    CPU = ("cpu", "adapter/Dockerfile", "CPU")
-    CUDA = ("cuda", "adapter/Dockerfile.gpu", "CUDA")
+    CPU = ("cpu", "images/Dockerfile", "CPU")
+    CUDA = ("cuda", "images/Dockerfile.gpu", "CUDA")
 
     def __init__(self, label: str, dockerfile: str, backend: str) -> None:
         self.label = label

@@ -14,7 +14,7 @@ from cdk_constructs.build_project import BuildProject, RepoSource
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT, DeployTimeBuild
 
 BUILDSPEC = "model_build/buildspec.yml"
-SOURCE_PATHS = ("model_build", "pyproject.toml")
+SOURCE_PATHS = ("model_build",)  # all the model build runs: its hash is the build key
 # Variables model_build/buildspec.yml exports; the deploy fails if one is missing.
 ARCHIVE_URI = "MODEL_ARCHIVE_URI"
 ARCHIVE_SHA256 = "MODEL_ARCHIVE_SHA256"

@@ -15,7 +15,7 @@ echo "model directory: $model_dir ($(ls "$model_dir" | tr '\n' ' '))"
 SEMIF_MODEL_DIR="$model_dir" SEMIF_HOST=127.0.0.1 SEMIF_PORT="$port" .venv/bin/serve > .models/serve.log 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
-if ! .venv/bin/python -m adapter.demo --url "http://127.0.0.1:$port" --wait 120; then
+if ! .venv/bin/python -m client.demo --url "http://127.0.0.1:$port" --wait 120; then
   echo "server log (.models/serve.log):" >&2
   tail -n 20 .models/serve.log >&2
   exit 1

@@ -27,7 +27,7 @@ SMOLLM2_BATCH_TOLERANCE = 0.05  # measured 0.036
 
 
 def example(name: str) -> Any:
-    return json.loads(resources.files("adapter.examples").joinpath(name).read_text())
+    return json.loads(resources.files("client.examples").joinpath(name).read_text())
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from adapter.bench.metrics import (
+from bench.metrics import (
     Answer,
     accuracy,
     brier_score,

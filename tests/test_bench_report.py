@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from adapter.bench.report import Figure, Goal
+from bench.report import Figure, Goal
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = (

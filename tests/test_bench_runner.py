@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from adapter.bench.runner import format_table, run_tasks, summarize
-from adapter.bench.tasks import Task, load_tasks
-from adapter.client import EndpointError
+from bench.runner import format_table, run_tasks, summarize
+from bench.tasks import Task, load_tasks
+from client.decision_client import EndpointError
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from adapter.bench.tasks import TaskFormatError, load_tasks, parse_task, parse_tasks
+from bench.tasks import TaskFormatError, load_tasks, parse_task, parse_tasks
 from adapter.schema import parse_decision_request
 
 

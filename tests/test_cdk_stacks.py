@@ -379,7 +379,7 @@ def test_image_build_project_per_flavor(synth: Synth, env: str, flavor: ImageFla
     # Nothing an endpoint may serve expires: only untagged leftovers do.
     assert [rule["selection"]["tagStatus"] for rule in rules] == ["untagged"]
     project = one(raw, "AWS::CodeBuild::Project")
-    assert project["Source"]["BuildSpec"] == "adapter/buildspec.yml"
+    assert project["Source"]["BuildSpec"] == "images/buildspec.yml"
     assert project["Environment"]["PrivilegedMode"] is True
     expected_type = "LINUX_GPU_CONTAINER" if flavor.gpu else "LINUX_CONTAINER"
     assert project["Environment"]["Type"] == expected_type

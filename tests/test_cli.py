@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from adapter.app import create_app
-from adapter.cli import main
+from client.cli import main
 from adapter.settings import Settings
 from tests.conftest import REPO
 from tests.live_server import live_server

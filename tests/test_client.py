@@ -17,7 +17,7 @@ import pytest
 from botocore.stub import Stubber
 
 from adapter.app import create_app
-from adapter.client import (
+from client.decision_client import (
     BusyError,
     ChoiceAnswer,
     DecisionClient,

@@ -94,7 +94,7 @@ def test_cuda_image_offloads_and_drops_the_symbol_the_dlc_lacks() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", [f.dockerfile for f in ImageFlavor] + [BUILDSPEC, "adapter/image_smoke.py"]
+    "path", [f.dockerfile for f in ImageFlavor] + [BUILDSPEC, "images/smoke.py"]
 )
 def test_no_secrets_in_image_inputs(path: str) -> None:
     text = (REPO / path).read_text()
@@ -126,7 +126,7 @@ def test_buildspec_smoke_tests_before_it_pushes(buildspec: dict[str, Any]) -> No
     order = [
         script.index("docker build"),
         script.index("python -m model_build.tiny_gguf"),
-        script.index("adapter/image_smoke.py"),
+        script.index("images/smoke.py"),
         script.index("docker push"),
     ]
     assert order == sorted(order)
@@ -141,7 +141,7 @@ def test_buildspec_inputs_are_in_the_uploaded_source() -> None:
         assert flavor.dockerfile.split("/")[0] in SOURCE_PATHS
     assert (REPO / "adapter" / "image_smoke.py").is_file()
     assert (REPO / "model_build" / "tiny_gguf.py").is_file()
-    assert {"adapter", "model_build", "pyproject.toml"} <= set(SOURCE_PATHS)
+    assert {"images", "adapter", "model_build"} <= set(SOURCE_PATHS)
 
 
 # --- the smoke script's checks ---------------------------------------------------------

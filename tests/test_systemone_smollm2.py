@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from adapter.client import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneAnswers
+from client.decision_client import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneAnswers
 from adapter.prompts import PAIR_LABELS, SINGLE_LABELS, answer_labels, render_decision
 from adapter.readout import log_probabilities
 from adapter.schema import Decision, Option
@@ -37,7 +37,7 @@ def post(client: TestClient, body: Any) -> Any:
 
 
 def test_example_round_trips_all_three_kinds(client: TestClient) -> None:
-    text = resources.files("adapter.examples").joinpath("systemone.json").read_text()
+    text = resources.files("client.examples").joinpath("systemone.json").read_text()
     response = post(client, json.loads(text))
     assert response.status_code == 200
     answers = SystemOneAnswers.from_json(response.json())

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from adapter.bench.local import serve_model
-from adapter.bench.metrics import (
+from bench.local import serve_model
+from bench.metrics import (
     Answer,
     accuracy,
     brier_score,
@@ -34,8 +34,8 @@ from adapter.bench.metrics import (
     top_label_ece,
     validate_answer,
 )
-from adapter.bench.tasks import SMOKE_TASKS, Task, load_tasks
-from adapter.client import DecisionClient, EndpointError, RetryPolicy
+from bench.tasks import SMOKE_TASKS, Task, load_tasks
+from client.decision_client import DecisionClient, EndpointError, RetryPolicy
 from model_build.embedded import fetch_embedded_model
 
 SCHEMA = "semif-bench-tasks/1"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adapter.bench.tasks import load_tasks
+from bench.tasks import load_tasks
 from adapter.schema import Decision, Option
 
 _EVENTS = (

@@ -29,10 +29,10 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from adapter.bench.local import ServerProcess, serve_model, serve_peer
-from adapter.bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
-from adapter.bench.tasks import shared_body, single_body
-from adapter.bench.workload import Workload, build_workload
+from bench.local import ServerProcess, serve_model, serve_peer
+from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
+from bench.tasks import shared_body, single_body
+from bench.workload import Workload, build_workload
 from adapter.prompts import ANSWER_LETTERS
 from adapter.runtime import load_service
 from adapter.schema import Decision

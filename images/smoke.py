@@ -1,4 +1,4 @@
-"""Smoke-test a built adapter image before it is pushed (run by adapter/buildspec.yml).
+"""Smoke-test a built adapter image before it is pushed (run by images/buildspec.yml).
 
 Starts the image the way SageMaker does (`docker run IMAGE serve`, model mounted at
 /opt/ml/model), waits for `/ping`, checks the reported ggml backends (a CUDA image must

@@ -1,7 +1,7 @@
 """`semif`: ask a decision endpoint from the command line.
 
-    semif decide adapter/examples/decision.json --url http://127.0.0.1:8080
-    semif systemone adapter/examples/systemone.json --endpoint-name NAME --region REGION
+    semif decide client/examples/decision.json --url http://127.0.0.1:8080
+    semif systemone client/examples/systemone.json --endpoint-name NAME --region REGION
     semif chat "Say hello in French." --url http://127.0.0.1:8080
     semif wait --endpoint-name NAME --region REGION
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from adapter.client import (
+from client.decision_client import (
     ChoiceAnswer,
     DecisionClient,
     DecisionResult,

@@ -1,8 +1,8 @@
 """The README's main job, client side: wait for a local `serve`, send the example decisions,
-print the answers as a table (through adapter.client, as application code would).
+print the answers as a table (through client.decision_client, as application code would).
 
 Run by scripts/demo.sh after it has built the embedded model's artifact and started the
-server; usable on its own against any running adapter (`python -m adapter.demo --url ...`).
+server; usable on its own against any running adapter (`python -m client.demo --url ...`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import sys
 from importlib import resources
 from typing import Any
 
-from adapter.cli import format_decision
-from adapter.client import DecisionClient, DecisionResult, EndpointError
+from client.cli import format_decision
+from client.decision_client import DecisionClient, DecisionResult, EndpointError
 
 EXAMPLES = ("decision.json", "shared-decisions.json")
 
 
 def load_example(name: str) -> dict[str, Any]:
-    text = resources.files("adapter.examples").joinpath(name).read_text(encoding="utf-8")
+    text = resources.files("client.examples").joinpath(name).read_text(encoding="utf-8")
     example: dict[str, Any] = json.loads(text)
     return example
 

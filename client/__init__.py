@@ -1,0 +1,1 @@
+"""The application side: the endpoint client, the `semif` CLI, the demo and examples."""
