@@ -1,9 +1,9 @@
 """OpenAI chat completions (non-streaming) from the decision endpoint's own model.
 
-One endpoint can then serve both paths: decisions and text generation. The messages are
-rendered with the model's chat template, tokens are sampled with llama.cpp's sampler
-(greedy at temperature 0, else top-p then temperature), generation stops at the model's
-end-of-generation token, a stop string, or `max_tokens`, which may not exceed
+One endpoint can then serve both paths: decisions and text generation. This module parses
+the request and shapes the answer; the service renders the messages with the model's chat
+template and generates (greedy at temperature 0, else top-p then temperature), stopping at
+the model's end-of-generation token, a stop string, or `max_tokens`, which may not exceed
 SEMIF_MAX_CHAT_TOKENS. Every validation failure is a 400 naming the field.
 """
 
@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapter.engine import Generation, Sampling
-from adapter.prompts import TemplateRenderError
-from adapter.schema import RequestError
-from adapter.service import DecisionService
+from adapter.errors import RequestError
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4
@@ -125,28 +123,6 @@ def parse_chat_request(body: Mapping[str, Any], max_chat_tokens: int) -> ChatReq
         ),
         stop=_stop(body.get("stop", [])),
     )
-
-
-def generate(service: DecisionService, request: ChatRequest) -> Generation:
-    """Render, check the prompt limit and generate while holding the engine."""
-    with service.exclusive():
-        try:
-            text = service.engine.chat_template.render(request.messages)
-        except TemplateRenderError as error:
-            raise RequestError("messages", str(error)) from None
-        tokens = service.engine.tokenize(text)
-        if len(tokens) > service.max_tokens:
-            raise RequestError(
-                "messages",
-                f"prompt is {len(tokens)} tokens; the limit is {service.max_tokens} "
-                "(SEMIF_MAX_TOKENS)",
-            )
-        return service.engine.generate(
-            tokens,
-            max_new_tokens=request.max_tokens,
-            sampling=request.sampling,
-            stop=request.stop,
-        )
 
 
 def completion(generation: Generation, model: str, completion_id: str) -> dict[str, Any]:

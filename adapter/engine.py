@@ -1,16 +1,19 @@
 """One llama.cpp model and context that scores prompts by their last-position logits.
 
-Two kinds of reuse make decisions cheap:
-- across requests, sequence 0 keeps the previous prompt's KV cache and only the tokens
-  after the longest common prefix are evaluated;
-- within a shared-state request, the common prefix is evaluated once into sequence 0, then
-  copied into one branch sequence per decision (a metadata copy in the unified KV cache)
-  and every branch's suffix is decoded in one batch.
-A label of two tokens is scored exactly in the same batch: the branch's suffix is also
-decoded into one extra sequence per distinct first token, and each of those sequences gets
-its first token appended, so the logits of P(second | first) come out of the same decode.
+Two kinds of reuse make scoring cheap:
+- across calls, sequence 0 keeps the previous prompt's KV cache and only the tokens after
+  the longest common prefix are evaluated;
+- within one call, the prompts' common prefix is evaluated once into sequence 0, then
+  copied into one branch sequence per prompt (a metadata copy in the unified KV cache) and
+  every branch's suffix is decoded in one batch.
+A prompt may also ask for the logits after some continuation tokens (a two-token answer
+label needs P(second | first)): its suffix is decoded into one extra sequence per
+continuation, each with that token appended, so those logits come out of the same decode.
 Scoring generates nothing; `generate` (chat) samples tokens into sequence 0 and keeps them
 for prefix reuse. The engine is not thread-safe: callers hold its lock.
+
+It knows tokens, logits and the KV cache, nothing about decisions: prompts, labels and
+readout live in the modules that use it.
 """
 
 from __future__ import annotations
@@ -29,15 +32,6 @@ import llama_cpp._logger
 import numpy as np
 import numpy.typing as npt
 
-from adapter.prompts import (
-    ANSWER_LETTERS,
-    PAIR_LABELS,
-    SINGLE_LABELS,
-    ChatTemplate,
-    render_decision,
-)
-from adapter.schema import Decision, Option
-
 _ALL_LAYERS = 1_000_000
 _MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 _UBATCH_TOKENS = 512
@@ -53,10 +47,6 @@ class NativeFailureError(RuntimeError):
 
 class CapacityError(RuntimeError):
     """A batch did not fit the KV cache; the request can be retried smaller."""
-
-
-class LabelError(ValueError):
-    """This model cannot use the answer labels a question needs (found at load time)."""
 
 
 @dataclass(frozen=True)
@@ -188,102 +178,25 @@ class LlamaEngine:
         self.threads = n_threads
         self.prefix_reuse = prefix_reuse
         self._cached: list[int] = []
-        try:
-            self._check_model(gguf)
-        except BaseException:
-            self.close()  # a refused model must not leak its native memory
-            raise
-
-    def _check_model(self, gguf: Path) -> None:
-        """Compile the chat template and check every answer label; raises ModelLoadError."""
-        self.chat_template = ChatTemplate(
-            self._chat_template_source(gguf),
-            bos_token=self.piece(llama_cpp.llama_vocab_bos(self._vocab), special=True),
-            eos_token=self.piece(llama_cpp.llama_vocab_eos(self._vocab), special=True),
-        )
-        prompt = self._probe_prompt()
-        base = self.tokenize(prompt)
-        self.slot_token_ids = self._check_answer_slots(prompt, base)
-        self._labels: dict[str, tuple[int, ...]] = {
-            letter: (token,)
-            for letter, token in zip(ANSWER_LETTERS, self.slot_token_ids, strict=True)
-        }
-        self._label_problems: dict[int, str] = {}  # label length -> why that group is unusable
-        for group in (SINGLE_LABELS, PAIR_LABELS):
-            self._check_label_group(group, prompt, base)
 
     # -- model facts ---------------------------------------------------------------------
 
-    def _chat_template_source(self, gguf: Path) -> str:
+    def chat_template_source(self) -> str:
+        """The GGUF's chat template; decision prompts are rendered with it, so it is required."""
         raw = llama_cpp.llama_model_chat_template(self._model, None)
         if not raw:
             raise ModelLoadError(
-                f"{gguf.name} has no chat template (tokenizer.chat_template); the decision "
+                "the model has no chat template (tokenizer.chat_template); the decision "
                 "prompt is rendered with the model's own template, so one is required"
             )
         return bytes(raw).decode("utf-8")
 
-    def _probe_prompt(self) -> str:
-        probe = Decision(
-            id="probe",
-            state="Probe evidence.",
-            question="Which option applies?",
-            options=tuple(Option(letter, f"Option {letter}.") for letter in ANSWER_LETTERS),
+    def special_texts(self) -> tuple[str, str]:
+        """The BOS and EOS tokens as text, for templates that spell them out."""
+        return (
+            self.piece(llama_cpp.llama_vocab_bos(self._vocab), special=True),
+            self.piece(llama_cpp.llama_vocab_eos(self._vocab), special=True),
         )
-        return render_decision(self.chat_template, probe)
-
-    def _check_answer_slots(self, prompt: str, base: list[int]) -> tuple[int, ...]:
-        """Each answer letter must be one distinct token appended cleanly after a prompt."""
-        slots: list[int] = []
-        for letter in ANSWER_LETTERS:
-            extended = self.tokenize(prompt + letter)
-            added = extended[len(base) :]
-            if extended[: len(base)] != base or len(added) != 1:
-                raise ModelLoadError(
-                    f"answer letter {letter!r} does not append as exactly one token after the "
-                    f"prompt (got {len(added)} new tokens, prefix kept: "
-                    f"{extended[: len(base)] == base}); this model cannot be scored by letters"
-                )
-            if self.piece(added[0]) != letter:
-                raise ModelLoadError(
-                    f"answer letter {letter!r} token {added[0]} reads back as "
-                    f"{self.piece(added[0])!r}"
-                )
-            slots.append(added[0])
-        if len(set(slots)) != len(slots):
-            raise ModelLoadError("answer letters A..P do not map to distinct tokens")
-        return tuple(slots)
-
-    def _check_label_group(self, group: Sequence[str], prompt: str, base: list[int]) -> None:
-        """Accept a label group only if every label appends as one token per character.
-
-        A failing group (say, a vocabulary with "A0" as one token) is not fatal: questions
-        that need it are refused with this reason, and the letters A..P keep working.
-        """
-        found: dict[str, tuple[int, ...]] = {}
-        for label in group:
-            extended = self.tokenize(prompt + label)
-            added = tuple(extended[len(base) :])
-            pieces = [self.piece(token) for token in added]
-            if extended[: len(base)] != base or pieces != list(label):
-                self._label_problems[len(label)] = (
-                    f"this model cannot use the answer labels {group[0]}..{group[-1]}: "
-                    f"{label!r} appends as tokens {pieces} instead of {list(label)}"
-                )
-                return
-            found[label] = added
-        self._labels.update(found)
-
-    def label_token_ids(self, labels: Sequence[str]) -> list[tuple[int, ...]]:
-        """The token sequence of each label, as checked at load."""
-        tokens: list[tuple[int, ...]] = []
-        for label in labels:
-            if label not in self._labels:
-                raise LabelError(
-                    self._label_problems.get(len(label), f"unknown answer label {label!r}")
-                )
-            tokens.append(self._labels[label])
-        return tokens
 
     def tokenize(self, text: str) -> list[int]:
         """Tokenize rendered template text, parsing its special tokens, adding BOS if due."""

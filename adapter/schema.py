@@ -2,29 +2,23 @@
 
 Every rule violation raises RequestError with the JSON path of the offending field and the
 rule it broke, e.g. `decision.options[2].id: duplicate "billing"`, so callers can fix a
-request without reading server logs.
+request without reading server logs. The field rules themselves live in `adapter.fields`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from adapter import fields
+from adapter.errors import RequestError
+from adapter.fields import JsonState
 
 MIN_OPTIONS = 2
 MAX_OPTIONS = 16
 MAX_ID_CHARS = 256
-JsonState = str | dict[str, Any] | list[Any]
 Mode = Literal["single", "shared"]
-
-
-class RequestError(ValueError):
-    """A request broke a schema rule; the message starts with the JSON path."""
-
-    def __init__(self, path: str, rule: str) -> None:
-        super().__init__(f"{path}: {rule}")
-        self.path = path
 
 
 @dataclass(frozen=True)
@@ -55,75 +49,38 @@ class Decision:
         return [option.id for option in self.options]
 
 
-def _object(value: Any, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise RequestError(path, "must be a JSON object")
-    return value
-
-
-def _reject_unknown(value: Mapping[str, Any], path: str, allowed: tuple[str, ...]) -> None:
-    for key in value:
-        if key not in allowed:
-            raise RequestError(f"{path}.{key}", f"unknown field; allowed: {', '.join(allowed)}")
-
-
-def _text(container: Mapping[str, Any], key: str, path: str, max_chars: int | None = None) -> str:
-    if key not in container:
-        raise RequestError(f"{path}.{key}", "is required")
-    value = container[key]
-    if not isinstance(value, str) or not value.strip():
-        raise RequestError(f"{path}.{key}", "must be a non-empty string")
-    if max_chars is not None and len(value) > max_chars:
-        raise RequestError(f"{path}.{key}", f"is {len(value)} characters; the limit is {max_chars}")
-    return value
-
-
-def _state(container: Mapping[str, Any], path: str) -> JsonState:
-    if "state" not in container:
-        raise RequestError(f"{path}.state", "is required")
-    state = container["state"]
-    if isinstance(state, str):
-        if not state.strip():
-            raise RequestError(f"{path}.state", "must not be empty")
-        return state
-    if isinstance(state, dict | list):
-        if not state:
-            raise RequestError(f"{path}.state", "must not be an empty object or array")
-        return state
-    raise RequestError(f"{path}.state", "must be a non-empty string or a JSON object or array")
-
-
-def _options(container: Mapping[str, Any], path: str) -> tuple[Option, ...]:
+def _options(container: dict[str, Any], path: str) -> tuple[Option, ...]:
     options_path = f"{path}.options"
-    raw = container.get("options")
+    raw = fields.required(container, "options", path)
     if not isinstance(raw, list):
-        raise RequestError(options_path, "is required and must be an array")
-    if not MIN_OPTIONS <= len(raw) <= MAX_OPTIONS:
-        raise RequestError(
-            options_path, f"has {len(raw)} options; allowed {MIN_OPTIONS}..{MAX_OPTIONS}"
-        )
+        raise RequestError(options_path, "must be an array")
+    fields.count(raw, options_path, MIN_OPTIONS, MAX_OPTIONS, "options")
     options: list[Option] = []
     seen: set[str] = set()
     for index, item in enumerate(raw):
         item_path = f"{options_path}[{index}]"
-        entry = _object(item, item_path)
-        _reject_unknown(entry, item_path, ("id", "description"))
-        option_id = _text(entry, "id", item_path, MAX_ID_CHARS)
+        entry = fields.json_object(item, item_path)
+        fields.only_fields(entry, item_path, ("id", "description"))
+        id_path = f"{item_path}.id"
+        option_id = fields.text(
+            fields.required(entry, "id", item_path), id_path, max_chars=MAX_ID_CHARS
+        )
         if option_id in seen:
-            raise RequestError(f"{item_path}.id", f"duplicate {json.dumps(option_id)}")
+            raise RequestError(id_path, f"duplicate {json.dumps(option_id)}")
         seen.add(option_id)
-        options.append(Option(option_id, _text(entry, "description", item_path)))
+        description = fields.required(entry, "description", item_path)
+        options.append(Option(option_id, fields.text(description, f"{item_path}.description")))
     return tuple(options)
 
 
 def parse_decision(value: Any, path: str) -> Decision:
     """Validate one decision object found at `path`."""
-    entry = _object(value, path)
-    _reject_unknown(entry, path, ("id", "state", "question", "options"))
+    entry = fields.json_object(value, path)
+    fields.only_fields(entry, path, ("id", "state", "question", "options"))
     return Decision(
-        id=_text(entry, "id", path, MAX_ID_CHARS),
-        state=_state(entry, path),
-        question=_text(entry, "question", path),
+        id=fields.text(fields.required(entry, "id", path), f"{path}.id", max_chars=MAX_ID_CHARS),
+        state=fields.state(fields.required(entry, "state", path), f"{path}.state"),
+        question=fields.text(fields.required(entry, "question", path), f"{path}.question"),
         options=_options(entry, path),
     )
 
@@ -153,11 +110,11 @@ def parse_decisions(value: Any, max_shared: int) -> list[Decision]:
 
 def parse_decision_request(body: Any, max_shared: int) -> tuple[Mode, list[Decision]]:
     """Return ("single", [d]) or ("shared", [d, ...]) for a decision API body."""
-    entry = _object(body, "body")
+    entry = fields.json_object(body, "body")
     has_single, has_shared = "decision" in entry, "decisions" in entry
     if has_single == has_shared:
         raise RequestError("body", 'give exactly one of "decision" or "decisions"')
-    _reject_unknown(entry, "body", ("decision",) if has_single else ("decisions",))
+    fields.only_fields(entry, "body", ("decision",) if has_single else ("decisions",))
     if has_single:
         return "single", [parse_decision(entry["decision"], "decision")]
     return "shared", parse_decisions(entry["decisions"], max_shared)

@@ -1,7 +1,8 @@
-"""Decisions in, results out: prompts, token limits, scoring and readout around the engine.
+"""The one door to the engine: prompts, the token limit, scoring, readout and generation.
 
-This is the one place that turns validated decisions into the response contract, so every
-HTTP route (and the benchmarks) scores through the same code.
+Every HTTP route (and the benchmarks) reaches the model through this service, so the token
+limit is checked in one place, the engine's lock is taken in one place, and a native
+failure marks the service unhealthy in one place.
 """
 
 from __future__ import annotations
@@ -13,10 +14,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapter.engine import BatchTiming, LabelError, LlamaEngine, NativeFailureError
-from adapter.prompts import PROMPT_VERSION, answer_labels, prompt_sha256, render_decision
+from adapter.engine import (
+    BatchTiming,
+    CapacityError,
+    Generation,
+    LlamaEngine,
+    NativeFailureError,
+    Sampling,
+)
+from adapter.errors import RequestError, UnavailableError
+from adapter.labels import LabelError, LabelSet
+from adapter.prompts import (
+    PROMPT_VERSION,
+    ChatTemplate,
+    TemplateRenderError,
+    answer_labels,
+    prompt_sha256,
+    render_decision,
+)
 from adapter.readout import READOUT, NonFiniteLogitsError, SlotReadout, read_labels
-from adapter.schema import Decision, Mode, RequestError
+from adapter.schema import Decision, Mode
 
 
 @dataclass
@@ -63,16 +80,24 @@ class DecisionService:
     """Scores decisions with one engine; the lock serialises use of its single context."""
 
     engine: LlamaEngine
+    template: ChatTemplate
+    labels: LabelSet
     max_tokens: int
     model: dict[str, Any]
     temperature: float = 1.0  # calibration.temperature from the model's manifest
     health: Health = field(default_factory=Health)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def model_id(self) -> str:
+        """The name clients see in responses and in GET /v1/models: the GGUF file name."""
+        return str(self.model.get("file", "unknown"))
+
     @contextmanager
     def exclusive(self) -> Iterator[float]:
-        """Hold the engine (yielding the seconds waited for it); a native failure marks the
-        service unhealthy so /ping takes the instance out of service."""
+        """Hold the engine (yielding the seconds waited for it). A native failure marks the
+        service unhealthy so /ping takes the instance out of service; a batch that does not
+        fit the KV cache is a retryable 503."""
         started = time.perf_counter()
         with self._lock:
             try:
@@ -81,6 +106,19 @@ class DecisionService:
                 self.health.healthy = False
                 self.health.error = str(error)
                 raise
+            except CapacityError as error:
+                raise UnavailableError(str(error), retryable=True) from None
+
+    def tokenize_prompt(self, text: str, path: str, hint: str = "") -> list[int]:
+        """Tokenize a rendered prompt, refusing one over SEMIF_MAX_TOKENS (the one check)."""
+        tokens = self.engine.tokenize(text)
+        if len(tokens) > self.max_tokens:
+            raise RequestError(
+                path,
+                f"prompt is {len(tokens)} tokens; the limit is {self.max_tokens} "
+                f"(SEMIF_MAX_TOKENS){hint}",
+            )
+        return tokens
 
     def render(self, decisions: Sequence[Decision], mode: Mode) -> list[tuple[str, list[int]]]:
         """Render and tokenize each decision, refusing any prompt over the token limit."""
@@ -91,20 +129,14 @@ class DecisionService:
     ) -> list[tuple[str, list[int]]]:
         prompts = []
         for decision, path in zip(decisions, paths, strict=True):
-            text = render_decision(self.engine.chat_template, decision)
-            tokens = self.engine.tokenize(text)
-            if len(tokens) > self.max_tokens:
-                raise RequestError(
-                    path,
-                    f"prompt is {len(tokens)} tokens; the limit is {self.max_tokens} "
-                    "(SEMIF_MAX_TOKENS); shorten the state, question or options",
-                )
-            prompts.append((text, tokens))
+            text = render_decision(self.template, decision)
+            hint = "; shorten the state, question or options"
+            prompts.append((text, self.tokenize_prompt(text, path, hint)))
         return prompts
 
     def _labels(self, decision: Decision, path: str) -> list[tuple[int, ...]]:
         try:
-            return self.engine.label_token_ids(answer_labels(len(decision.options)))
+            return self.labels.token_ids(answer_labels(len(decision.options)))
         except LabelError as error:
             raise RequestError(path, str(error)) from None
 
@@ -170,6 +202,28 @@ class DecisionService:
                 }
             )
         return {"results": results, "timing": batch.timing_json()}
+
+    def generate(
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        stop: Sequence[str],
+    ) -> Generation:
+        """Chat: render the messages, check the prompt limit, and generate while holding the
+        engine."""
+        with self.exclusive():
+            try:
+                text = self.template.render(messages)
+            except TemplateRenderError as error:
+                raise RequestError("messages", str(error)) from None
+            return self.engine.generate(
+                self.tokenize_prompt(text, "messages"),
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                stop=stop,
+            )
 
 
 def _paths(mode: Mode, count: int) -> list[str]:

@@ -20,12 +20,15 @@ Errors: `SchemaError` (422) when the JSON does not have the format's shape, `Req
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from adapter import fields
+from adapter.errors import RequestError, SchemaError
+from adapter.fields import JsonState
 from adapter.readout import SlotReadout
-from adapter.schema import Decision, JsonState, Option, RequestError
+from adapter.schema import Decision, Option
 from adapter.service import DecisionService, ScoredBatch
 
 Kind = Literal["noul", "choice", "score"]
@@ -33,10 +36,6 @@ KINDS: tuple[Kind, ...] = ("noul", "choice", "score")
 MIN_CHOICES, MAX_CHOICES = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
 NOUL_DEFAULTS = {"true": "Yes", "false": "No"}
-
-
-class SchemaError(RequestError):
-    """The body does not match the System One schema (HTTP 422)."""
 
 
 @dataclass(frozen=True)
@@ -54,48 +53,15 @@ class SystemOneRequest:
     questions: list[Question]
 
 
-def _object(value: Any, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise SchemaError(path, "must be a JSON object")
-    return value
-
-
-def _only(value: Mapping[str, Any], path: str, allowed: tuple[str, ...]) -> None:
-    for key in value:
-        if key not in allowed:
-            raise SchemaError(f"{path}.{key}", f"unknown field; allowed: {', '.join(allowed)}")
-
-
 def _text(value: Any, path: str) -> str:
-    """A string (else 422) that is not blank (else 400)."""
-    if not isinstance(value, str):
-        raise SchemaError(path, "must be a string")
-    if not value.strip():
-        raise RequestError(path, "must not be empty")
-    return value
-
-
-def _state(body: Mapping[str, Any]) -> JsonState:
-    if "state" not in body:
-        raise SchemaError("state", "is required")
-    state = body["state"]
-    if not isinstance(state, str | dict | list):
-        raise SchemaError("state", "must be a string, a JSON object or an array")
-    if not (state.strip() if isinstance(state, str) else state):
-        raise RequestError("state", "must not be empty")
-    return state
-
-
-def _count(items: Sequence[Any] | Mapping[str, Any], path: str, low: int, high: int) -> None:
-    if not low <= len(items) <= high:
-        raise RequestError(path, f"has {len(items)} entries; allowed {low}..{high}")
+    return fields.text(value, path, shape_error=SchemaError)
 
 
 def _noul(criteria: Any, path: str) -> tuple[Option, ...]:
     if criteria is None:
         return tuple(Option(key, text) for key, text in NOUL_DEFAULTS.items())
-    entry = _object(criteria, path)
-    _only(entry, path, tuple(NOUL_DEFAULTS))
+    entry = fields.json_object(criteria, path, SchemaError)
+    fields.only_fields(entry, path, tuple(NOUL_DEFAULTS), SchemaError)
     return tuple(
         Option(key, _text(entry[key], f"{path}.{key}") if key in entry else default)
         for key, default in NOUL_DEFAULTS.items()
@@ -103,8 +69,8 @@ def _noul(criteria: Any, path: str) -> tuple[Option, ...]:
 
 
 def _choice(criteria: Any, path: str) -> tuple[Option, ...]:
-    entry = _object(criteria, path)
-    _count(entry, path, MIN_CHOICES, MAX_CHOICES)
+    entry = fields.json_object(criteria, path, SchemaError)
+    fields.count(entry, path, MIN_CHOICES, MAX_CHOICES)
     options = []
     for key, description in entry.items():
         if not key.strip():
@@ -117,7 +83,7 @@ def _choice(criteria: Any, path: str) -> tuple[Option, ...]:
 def _score(criteria: Any, path: str) -> tuple[Option, ...]:
     if not isinstance(criteria, list):
         raise SchemaError(path, "must be an array of level descriptions, low to high")
-    _count(criteria, path, MIN_LEVELS, MAX_LEVELS)
+    fields.count(criteria, path, MIN_LEVELS, MAX_LEVELS)
     return tuple(
         Option(str(level), _text(text, f"{path}[{level}]")) for level, text in enumerate(criteria)
     )
@@ -125,14 +91,14 @@ def _score(criteria: Any, path: str) -> tuple[Option, ...]:
 
 def _question(key: str, value: Any, state: JsonState) -> Question:
     path = f"questions.{key}"
-    entry = _object(value, path)
-    _only(entry, path, ("type", "instructions", "criteria"))
+    entry = fields.json_object(value, path, SchemaError)
+    fields.only_fields(entry, path, ("type", "instructions", "criteria"), SchemaError)
     kind = entry.get("type")
     if kind not in KINDS:
         raise SchemaError(f"{path}.type", f"must be one of {', '.join(KINDS)}")
-    if "instructions" not in entry:
-        raise SchemaError(f"{path}.instructions", "is required")
-    instructions = _text(entry["instructions"], f"{path}.instructions")
+    instructions = _text(
+        fields.required(entry, "instructions", path, SchemaError), f"{path}.instructions"
+    )
     criteria_path = f"{path}.criteria"
     if kind != "noul" and "criteria" not in entry:
         raise SchemaError(criteria_path, "is required")
@@ -153,16 +119,18 @@ def question_options(kind: Kind, criteria: Any, path: str) -> tuple[Option, ...]
 
 def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
     """Validate a System One request; every error names the offending field."""
-    entry = _object(body, "body")
-    _only(entry, "body", ("model", "state", "questions"))
+    entry = fields.json_object(body, "body", SchemaError)
+    fields.only_fields(entry, "body", ("model", "state", "questions"), SchemaError)
     model = entry.get("model")
     if model is not None and not isinstance(model, str):
         raise SchemaError("model", "must be a string")
-    state = _state(entry)
+    if "state" not in entry:
+        raise SchemaError("state", "is required")
+    state = fields.state(entry["state"], "state", SchemaError)
     if "questions" not in entry:
         raise SchemaError("questions", "is required")
-    questions = _object(entry["questions"], "questions")
-    _count(questions, "questions", 1, max_questions)
+    questions = fields.json_object(entry["questions"], "questions", SchemaError)
+    fields.count(questions, "questions", 1, max_questions)
     for key in questions:
         if not key.strip():
             raise RequestError("questions", "question keys must not be empty")
@@ -212,7 +180,7 @@ def answer(
         [f"questions.{question.key}" for question in questions],
     )
     response = {
-        "model": served_model_id(service),
+        "model": service.model_id,
         "answers": {
             question.key: shape_answer(question, readout)
             for question, readout in zip(questions, batch.readouts, strict=True)
@@ -220,8 +188,3 @@ def answer(
         "usage": {"input_tokens": batch.distinct_input_tokens, "output_tokens": 0},
     }
     return response, batch
-
-
-def served_model_id(service: DecisionService) -> str:
-    """The name clients see in responses and in GET /v1/models: the GGUF file name."""
-    return str(service.model.get("file", "unknown"))

@@ -29,14 +29,14 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from bench.local import ServerProcess, serve_model, serve_peer
-from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
-from bench.tasks import shared_body, single_body
-from bench.workload import Workload, build_workload
 from adapter.prompts import ANSWER_LETTERS
 from adapter.runtime import load_service
 from adapter.schema import Decision
 from adapter.settings import Settings
+from bench.local import ServerProcess, serve_model, serve_peer
+from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
+from bench.tasks import shared_body, single_body
+from bench.workload import Workload, build_workload
 from model_build.embedded import fetch_embedded_model
 
 SCHEMA = "semif-bench-report/1"

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapter.schema import Decision, Option, RequestError, parse_decision
+from adapter.errors import RequestError
+from adapter.schema import Decision, Option, parse_decision
 from adapter.systemone import KINDS, Kind, question_options
 
 SMOKE_TASKS = Path(__file__).resolve().parent / "tasks" / "smoke.jsonl"

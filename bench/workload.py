@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.tasks import load_tasks
 from adapter.schema import Decision, Option
+from bench.tasks import load_tasks
 
 _EVENTS = (
     "ticket T-{n} opened by email: invoice {n} shows {seats} seats but only {used} are in use",

@@ -22,7 +22,7 @@ from model_build.archive import _HashingWriter
 from model_build.embedded import SMOLLM2
 from model_build.manifest import MANIFEST_NAME, load_manifest
 from model_build.sources import PRODUCTION_MODEL
-from tests.model_build_fixtures import (
+from tests.support.model_build import (
     REVISION,
     CliRun,
     FileServer,

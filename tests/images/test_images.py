@@ -11,11 +11,11 @@ import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML (via cfn-lint); no stubs pinned
 from starlette.testclient import TestClient
 
-from adapter import image_smoke
 from cdk_constructs.image_build import BUILDSPEC, SOURCE_PATHS, ImageFlavor
+from images import smoke as image_smoke
 from stacks.config import PUBLISHED_DLC_IMAGES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The llama-cpp-python commits aws-samples/sagemaker-genai-hosting-examples validated for
 # these DLC digests (03-features/semif-decision-model/Dockerfile and Dockerfile.gpu).
 SAMPLE_BINDING_COMMITS = {
@@ -139,7 +139,7 @@ def test_buildspec_inputs_are_in_the_uploaded_source() -> None:
     for flavor in ImageFlavor:
         assert (REPO / flavor.dockerfile).is_file()
         assert flavor.dockerfile.split("/")[0] in SOURCE_PATHS
-    assert (REPO / "adapter" / "image_smoke.py").is_file()
+    assert (REPO / "images" / "smoke.py").is_file()
     assert (REPO / "model_build" / "tiny_gguf.py").is_file()
     assert {"images", "adapter", "model_build"} <= set(SOURCE_PATHS)
 

@@ -16,7 +16,7 @@ from bench.runner import format_table, run_tasks, summarize
 from bench.tasks import Task, load_tasks
 from client.decision_client import EndpointError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

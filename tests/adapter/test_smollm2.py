@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from adapter.engine import LlamaEngine
 from adapter.schema import parse_decision_request
 from adapter.service import DecisionService
+from tests.support.models import open_test_model, service_of
+
+pytestmark = pytest.mark.slow  # the embedded SmolLM2: real-model behaviour
 
 # Measured on this model: a decision batched beside others differs from the same decision
 # scored alone by up to ~0.06 in probability. The cause is llama.cpp's numerics, not
@@ -32,14 +34,14 @@ def example(name: str) -> Any:
 
 @pytest.fixture(scope="module")
 def service(smollm2_gguf: Path) -> Iterator[DecisionService]:
-    engine = LlamaEngine(smollm2_gguf, kv_cells=4096, max_branches=16, threads=2, n_gpu_layers=0)
-    yield DecisionService(engine=engine, max_tokens=2048, model={})
-    engine.close()
+    model = open_test_model(smollm2_gguf)
+    yield service_of(model, max_tokens=2048)
+    model.engine.close()
 
 
 def test_letters_are_single_tokens_of_the_real_tokenizer(service: DecisionService) -> None:
-    engine = service.engine
-    assert [engine.piece(token) for token in engine.slot_token_ids] == list("ABCDEFGHIJKLMNOP")
+    slots = service.labels.letter_token_ids
+    assert [service.engine.piece(token) for token in slots] == list("ABCDEFGHIJKLMNOP")
 
 
 def test_model_answers_with_a_letter(service: DecisionService) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
-from tests.model_build_fixtures import tiny_model
+from tests.support.model_build import tiny_model
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUILDSPEC: dict[str, Any] = yaml.safe_load((REPO / "model_build" / "buildspec.yml").read_text())
 
 
@@ -26,7 +26,10 @@ def test_install_pins_match_requirements() -> None:
     commands = " ".join(BUILDSPEC["phases"]["install"]["commands"])
     pins = dict(re.findall(r"([\w-]+)==([\w.]+)", commands))
     assert pins == {name: requirements[name] for name in ("gguf", "numpy", "boto3")}
-    assert "pip install --quiet --no-deps ." in commands
+    # The build runs the package from the source root; the project's packaging file (lint
+    # rules, dev tools) is not an input, so editing it never rebuilds the model.
+    assert "pip install --quiet --no-deps ." not in commands
+    assert "python -m model_build.cli" in "\n".join(BUILDSPEC["phases"]["build"]["commands"])
 
 
 def test_build_phase_runs_model_build_and_exports_the_result(tmp_path: Path) -> None:
@@ -45,7 +48,12 @@ def test_build_phase_runs_model_build_and_exports_the_result(tmp_path: Path) -> 
     }
     env.pop("MODEL_KMS_KEY_ID", None)
     done = subprocess.run(
-        ["bash", "-c", script + show], env=env, capture_output=True, text=True, check=False
+        ["bash", "-c", script + show],
+        env=env,
+        cwd=REPO,  # CodeBuild runs the buildspec in the source root
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -67,7 +75,7 @@ def test_build_phase_fails_on_a_refused_source(tmp_path: Path) -> None:
     }
     script = "\n".join(BUILDSPEC["phases"]["build"]["commands"])
     done = subprocess.run(
-        ["bash", "-c", script], env=env, capture_output=True, text=True, check=False
+        ["bash", "-c", script], env=env, cwd=REPO, capture_output=True, text=True, check=False
     )
     assert done.returncode != 0
     assert done.stderr.strip().endswith("(branch and tag names move, so they are refused)")

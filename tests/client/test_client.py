@@ -17,6 +17,7 @@ import pytest
 from botocore.stub import Stubber
 
 from adapter.app import create_app
+from adapter.settings import Settings
 from client.decision_client import (
     BusyError,
     ChoiceAnswer,
@@ -29,9 +30,8 @@ from client.decision_client import (
     ScoreAnswer,
     UnreachableError,
 )
-from adapter.settings import Settings
-from tests.conftest import decision
-from tests.live_server import BusyFirst, live_server, runtime_of
+from tests.support.live_server import BusyFirst, live_server, runtime_of
+from tests.support.serving import decision
 
 FAST = RetryPolicy(max_attempts=4, base_delay_s=0.001, max_delay_s=0.002)
 

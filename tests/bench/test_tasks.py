@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bench.tasks import TaskFormatError, load_tasks, parse_task, parse_tasks
 from adapter.schema import parse_decision_request
+from bench.tasks import TaskFormatError, load_tasks, parse_task, parse_tasks
 
 
 def task(**overrides: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from adapter.settings import Settings
 from model_build.embedded import sha256_of
 from model_build.gguf_info import inspect_gguf
 from model_build.manifest import BuildInfo, Calibration, Manifest, SourceInfo
-from tests.conftest import decision, serving
+from tests.support.serving import decision, serving
 
 HEADERS = {"content-type": "application/json"}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, decision
+from tests.support.serving import REPO, decision
 
 SERVE = str(Path(sys.executable).with_name("serve"))
 
@@ -112,6 +112,7 @@ def test_serve_answers_on_the_sagemaker_port_with_keep_alive(served_tiny: int) -
     assert connection.sock is not None
 
 
+@pytest.mark.slow
 def test_readme_main_job_end_to_end(tmp_path: Path) -> None:
     """The README's first command: build the embedded artifact, serve it, answer examples."""
     model_dir = tmp_path / "opt-ml-model"

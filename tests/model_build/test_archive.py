@@ -15,7 +15,7 @@ from model_build.archive import write_archive
 from model_build.errors import BuildError
 from model_build.gguf_info import inspect_gguf
 from model_build.tiny_gguf import CHAT_TEMPLATE
-from tests.model_build_fixtures import tiny_model
+from tests.support.model_build import tiny_model
 
 
 def _pack(members: list[tuple[str, Path]], out: Path) -> str:

@@ -13,7 +13,7 @@ import pytest
 from model_build.errors import BuildError
 from model_build.fetch import Fetched, HttpSettings, RetryPolicy, fetch
 from model_build.sources import HfSource, parse_source
-from tests.model_build_fixtures import (
+from tests.support.model_build import (
     REVISION,
     FileServer,
     closed_port_url,

@@ -12,7 +12,7 @@ import pytest
 
 from bench.report import Figure, Goal
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FIGURES = (
     "adapter_overhead",
     "shared_state_speedup",

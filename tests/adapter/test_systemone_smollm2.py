@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from client.decision_client import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneAnswers
 from adapter.prompts import PAIR_LABELS, SINGLE_LABELS, answer_labels, render_decision
 from adapter.readout import log_probabilities
 from adapter.schema import Decision, Option
 from adapter.settings import Settings
-from tests.conftest import serving
-from tests.live_server import runtime_of
+from client.decision_client import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneAnswers
+from tests.support.live_server import runtime_of
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.slow
 HEADERS = {"content-type": "application/json"}
@@ -61,8 +61,8 @@ def test_real_tokenizer_passes_every_label_check(client: TestClient) -> None:
     service = runtime_of(client.app).service
     assert service is not None
     engine = service.engine
-    singles = engine.label_token_ids(SINGLE_LABELS)
-    pairs = engine.label_token_ids(PAIR_LABELS)
+    singles = service.labels.token_ids(SINGLE_LABELS)
+    pairs = service.labels.token_ids(PAIR_LABELS)
     assert [engine.piece(tokens[0]) for tokens in singles] == list(SINGLE_LABELS)
     assert ["".join(engine.piece(token) for token in pair) for pair in pairs] == list(PAIR_LABELS)
     assert all(len(pair) == 2 for pair in pairs)
@@ -88,10 +88,10 @@ def test_255_options_are_scored_exactly(client: TestClient) -> None:
     decision = Decision(
         "code", state, "Which code fits?", tuple(Option(key, key) for key in criteria)
     )
-    prompt = engine.tokenize(render_decision(engine.chat_template, decision))
+    prompt = engine.tokenize(render_decision(service.template, decision))
     (alone,), _ = engine.score([prompt])
     first = log_probabilities(alone.logits)
-    pairs = engine.label_token_ids(answer_labels(255))
+    pairs = service.labels.token_ids(answer_labels(255))
     second = {}
     for letter in {pair[0] for pair in pairs}:
         (after,), _ = engine.score([[*prompt, letter]])

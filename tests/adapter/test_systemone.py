@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from adapter.engine import LabelError, LlamaEngine
+from adapter.labels import LabelError, LabelSet
 from adapter.prompts import PAIR_LABELS, SINGLE_LABELS, answer_labels, render_decision
 from adapter.readout import log_probabilities
+from adapter.runtime import LoadedModel
 from adapter.schema import Decision, Option
-from adapter.service import DecisionService
 from adapter.settings import Settings, load_settings
 from adapter.systemone import confidence
-from tests.conftest import serving
-from tests.live_server import runtime_of
+from tests.support.live_server import runtime_of
+from tests.support.models import open_test_model, service_of
+from tests.support.serving import serving
 
 HEADERS = {"content-type": "application/json"}
 STATE = {"ticket": 48213, "text": "I was charged twice for my March invoice."}
@@ -291,14 +292,17 @@ def test_api_key_setting_is_read_and_never_printed() -> None:
     assert "s3cret" not in repr(settings)
 
 
-def test_label_problem_of_the_model_is_a_400(client: TestClient) -> None:
+def test_label_problem_of_the_model_is_a_400(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     service = runtime_of(client.app).service
     assert service is not None
 
-    def refuse(labels: Any) -> Any:
-        raise LabelError("this model cannot use the answer labels A0..Z9: (reason)")
+    class Refusing(LabelSet):
+        def token_ids(self, labels: Any) -> Any:
+            raise LabelError("this model cannot use the answer labels A0..Z9: (reason)")
 
-    service.engine.label_token_ids = refuse  # type: ignore[method-assign]
+    monkeypatch.setattr(service, "labels", Refusing(service.labels.tokens, {}))
     response = post(client, {"state": STATE, "questions": questions(choices=60)})
     assert response.status_code == 400
     assert response.json()["field"] == "questions.refund"
@@ -317,15 +321,17 @@ def test_labels_scale_from_letters_to_letter_digit_pairs() -> None:
 
 
 def test_every_label_is_checked_at_load(tiny_gguf: Path) -> None:
-    engine = LlamaEngine(tiny_gguf, kv_cells=4096, max_branches=27, threads=1, n_gpu_layers=0)
+    model = open_test_model(tiny_gguf, max_branches=27, threads=1)
     try:
-        singles = engine.label_token_ids(SINGLE_LABELS)
-        pairs = engine.label_token_ids(PAIR_LABELS)
+        singles = model.labels.token_ids(SINGLE_LABELS)
+        pairs = model.labels.token_ids(PAIR_LABELS)
         assert all(len(tokens) == 1 for tokens in singles)
         assert all(len(tokens) == 2 for tokens in pairs)
-        assert [engine.piece(a) + engine.piece(b) for a, b in pairs] == list(PAIR_LABELS)
+        assert [model.engine.piece(a) + model.engine.piece(b) for a, b in pairs] == list(
+            PAIR_LABELS
+        )
     finally:
-        engine.close()
+        model.engine.close()
 
 
 def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
@@ -337,9 +343,10 @@ def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
     label mix-up or a continuation attending to the wrong branch is off by nats (see the
     spread), and the continuations leave the prompt's own logits untouched.
     """
-    engine = LlamaEngine(tiny_gguf, kv_cells=8192, max_branches=30, threads=1, n_gpu_layers=0)
+    model = open_test_model(tiny_gguf, kv_cells=8192, max_branches=30, threads=1)
+    engine = model.engine
     try:
-        service = DecisionService(engine=engine, max_tokens=4096, model={})
+        service = service_of(model, max_tokens=4096)
         decisions = [
             Decision("wide", "Shared evidence.", "Which code?", _options(255)),
             Decision("mid", "Shared evidence.", "Which other code?", _options(60)),
@@ -348,7 +355,7 @@ def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
         batch = service.score(decisions, ["wide", "mid", "small"])
         assert batch.timing.branch_waves == 2  # 27 sequences, then 7 + 1, of 30
         for decision, readout in zip(decisions, batch.readouts, strict=True):
-            joint = _reference_log_probabilities(engine, decision)
+            joint = _reference_log_probabilities(model, decision)
             weights = np.exp(joint - joint.max())
             assert readout.probabilities == pytest.approx(weights / weights.sum(), abs=0.01)
             assert sum(readout.probabilities) == pytest.approx(1.0)
@@ -363,14 +370,16 @@ def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
 
 
 def test_continuations_leave_the_prompt_logits_untouched(tiny_gguf: Path) -> None:
-    engine = LlamaEngine(tiny_gguf, kv_cells=8192, max_branches=30, threads=1, n_gpu_layers=0)
+    model = open_test_model(tiny_gguf, kv_cells=8192, max_branches=30, threads=1)
+    engine = model.engine
     try:
         decisions = [
             Decision("a", "Shared evidence.", "Which code?", _options(80)),
             Decision("b", "Shared evidence.", "Which queue?", _options(3)),
         ]
-        prompts = [engine.tokenize(render_decision(engine.chat_template, d)) for d in decisions]
-        letters = [sorted({pair[0] for pair in engine.label_token_ids(answer_labels(80))}), []]
+        prompts = [engine.tokenize(render_decision(model.template, d)) for d in decisions]
+        pairs = model.labels.token_ids(answer_labels(80))
+        letters = [sorted({pair[0] for pair in pairs}), []]
         engine.reset()
         plain, _ = engine.score(prompts)
         engine.reset()
@@ -387,14 +396,15 @@ def _options(count: int) -> tuple[Option, ...]:
     return tuple(Option(f"o{i}", f"code {i}") for i in range(count))
 
 
-def _reference_log_probabilities(engine: LlamaEngine, decision: Decision) -> np.ndarray:
+def _reference_log_probabilities(model: LoadedModel, decision: Decision) -> np.ndarray:
     """log P(label) of each label from separate single-prompt decodes (prefix reuse makes
     each continuation cost two tokens: the prompt's last and the letter)."""
-    prompt = engine.tokenize(render_decision(engine.chat_template, decision))
+    engine = model.engine
+    prompt = engine.tokenize(render_decision(model.template, decision))
     engine.reset()
     (alone,), _ = engine.score([prompt])
     first = log_probabilities(alone.logits)
-    label_tokens = engine.label_token_ids(answer_labels(len(decision.options)))
+    label_tokens = model.labels.token_ids(answer_labels(len(decision.options)))
     second = {}
     for letter in {tokens[0] for tokens in label_tokens if len(tokens) == 2}:
         (after,), _ = engine.score([[*prompt, letter]])

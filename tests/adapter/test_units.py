@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from adapter.backends import BackendLoadError, bundled_lib_dir, load_backends
+from adapter.errors import RequestError
 from adapter.model_files import ModelFilesError, discover_gguf, resolve_model_files
 from adapter.readout import NonFiniteLogitsError, read_slots, softmax
-from adapter.schema import RequestError, parse_decision_request
+from adapter.schema import parse_decision_request
 from adapter.settings import SettingsError, load_settings
 from model_build.manifest import BuildInfo, Calibration, GgufInfo, Manifest, SourceInfo
-from tests.conftest import decision
+from tests.support.serving import decision
 
 # -- settings -----------------------------------------------------------------------------
 
@@ -200,10 +201,13 @@ def test_schema_state_may_be_json() -> None:
         ({}, 'body: give exactly one of "decision" or "decisions"'),
         ({"decision": decision(), "decisions": []}, "body: give exactly one of"),
         ({"decision": decision(), "extra": 1}, "body.extra: unknown field"),
-        ({"decision": {**decision(), "question": " "}}, "decision.question: must be a non-empty"),
+        ({"decision": {**decision(), "question": " "}}, "decision.question: must not be empty"),
         ({"decision": {**decision(), "state": ""}}, "decision.state: must not be empty"),
-        ({"decision": {**decision(), "state": 3}}, "decision.state: must be a non-empty string"),
-        ({"decision": {**decision(), "state": {}}}, "decision.state: must not be an empty"),
+        (
+            {"decision": {**decision(), "state": 3}},
+            "decision.state: must be a string, a JSON object or an array",
+        ),
+        ({"decision": {**decision(), "state": {}}}, "decision.state: must not be empty"),
         (
             {"decision": decision(options=(("a", "A"),))},
             "decision.options: has 1 options; allowed 2..16",

@@ -12,8 +12,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from adapter.settings import Settings, SettingsError, load_settings
-from tests.conftest import decision, serving
-from tests.live_server import runtime_of
+from tests.support.live_server import runtime_of
+from tests.support.serving import decision, serving
 
 HEADERS = {"content-type": "application/json"}
 HELLO = [{"role": "user", "content": "Say hello."}]

@@ -1,4 +1,5 @@
-"""The engine on real llama.cpp: answer-slot checks, shared-prefix branching, prefix reuse."""
+"""The engine on real llama.cpp, opened as the server opens it: label probing, shared-prefix
+branching, prefix reuse."""
 
 from __future__ import annotations
 
@@ -13,35 +14,25 @@ import pytest
 from adapter.engine import CapacityError, LlamaEngine, ModelLoadError
 from adapter.prompts import ANSWER_LETTERS, TemplateRenderError
 from adapter.readout import read_slots
+from adapter.runtime import LoadedModel
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
 from model_build.tiny_gguf import write_tiny_gguf
+from tests.support.models import open_test_model, service_of
 
 STATE = "Order 1182 arrived damaged; the customer wants a refund and is angry."
 
 
-def make_engine(
-    gguf: Path,
-    *,
-    kv_cells: int = 4096,
-    max_branches: int = 16,
-    prefix_reuse: bool = True,
-) -> LlamaEngine:
-    return LlamaEngine(
-        gguf,
-        kv_cells=kv_cells,
-        max_branches=max_branches,
-        threads=2,
-        n_gpu_layers=0,
-        prefix_reuse=prefix_reuse,
-    )
+@pytest.fixture
+def model(tiny_gguf: Path) -> Iterator[LoadedModel]:
+    loaded = open_test_model(tiny_gguf)
+    yield loaded
+    loaded.engine.close()
 
 
 @pytest.fixture
-def engine(tiny_gguf: Path) -> Iterator[LlamaEngine]:
-    loaded = make_engine(tiny_gguf)
-    yield loaded
-    loaded.close()
+def engine(model: LoadedModel) -> LlamaEngine:
+    return model.engine
 
 
 def questions() -> list[Decision]:
@@ -56,21 +47,22 @@ def questions() -> list[Decision]:
     ]
 
 
-def test_answer_slots_are_single_distinct_letter_tokens(engine: LlamaEngine) -> None:
-    assert len(set(engine.slot_token_ids)) == len(ANSWER_LETTERS)
-    assert [engine.piece(token) for token in engine.slot_token_ids] == list(ANSWER_LETTERS)
+def test_answer_slots_are_single_distinct_letter_tokens(model: LoadedModel) -> None:
+    slots = model.labels.letter_token_ids
+    assert len(set(slots)) == len(ANSWER_LETTERS)
+    assert [model.engine.piece(token) for token in slots] == list(ANSWER_LETTERS)
 
 
 def test_model_whose_letter_merges_with_the_prompt_is_refused(tmp_path: Path) -> None:
     bad = write_tiny_gguf(tmp_path / "bad.gguf", fuse_answer_letter=True)
     with pytest.raises(ModelLoadError, match="answer letter 'A' does not append as exactly one"):
-        make_engine(bad)
+        open_test_model(bad)
 
 
 def test_model_without_chat_template_is_refused(tmp_path: Path) -> None:
     bare = write_tiny_gguf(tmp_path / "bare.gguf", chat_template=None)
     with pytest.raises(ModelLoadError, match="has no chat template"):
-        make_engine(bare)
+        open_test_model(bare)
 
 
 def _probabilities(
@@ -80,8 +72,8 @@ def _probabilities(
     return [result["probabilities"] for result in response["results"]]
 
 
-def test_shared_batch_matches_each_decision_alone(engine: LlamaEngine) -> None:
-    service = DecisionService(engine=engine, max_tokens=1024, model={})
+def test_shared_batch_matches_each_decision_alone(model: LoadedModel) -> None:
+    service, engine = service_of(model), model.engine
     shared = service.decide(questions(), "shared")
     assert shared["timing"]["branch_waves"] == 1
     assert shared["timing"]["prefix_tokens"] > 40  # system prompt + state evaluated once
@@ -95,25 +87,23 @@ def test_shared_batch_matches_each_decision_alone(engine: LlamaEngine) -> None:
 
 
 def test_branch_waves_split_when_sequences_run_out(tiny_gguf: Path) -> None:
-    narrow = make_engine(tiny_gguf, max_branches=2)
+    narrow = open_test_model(tiny_gguf, max_branches=2)
     try:
-        service = DecisionService(engine=narrow, max_tokens=1024, model={})
-        waved = service.decide(questions(), "shared")
+        waved = service_of(narrow).decide(questions(), "shared")
         assert waved["timing"]["branch_waves"] == 2
-        wide = make_engine(tiny_gguf)
+        wide = open_test_model(tiny_gguf)
         try:
-            reference = DecisionService(engine=wide, max_tokens=1024, model={})
-            expected = reference.decide(questions(), "shared")
+            expected = service_of(wide).decide(questions(), "shared")
         finally:
-            wide.close()
+            wide.engine.close()
         for got, want in zip(waved["results"], expected["results"], strict=True):
             assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-3)
     finally:
-        narrow.close()
+        narrow.engine.close()
 
 
-def test_prefix_reuse_evaluates_only_the_new_suffix(engine: LlamaEngine) -> None:
-    service = DecisionService(engine=engine, max_tokens=1024, model={})
+def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
+    service, engine = service_of(model), model.engine
     first, second = questions()[:2]
     cold = service.decide([first], "single")
     assert cold["timing"]["reused_tokens"] == 0
@@ -134,18 +124,18 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(engine: LlamaEngine) -> None
 
 
 def test_prefix_reuse_can_be_disabled(tiny_gguf: Path) -> None:
-    fresh = make_engine(tiny_gguf, prefix_reuse=False)
+    fresh = open_test_model(tiny_gguf, prefix_reuse=False)
     try:
-        service = DecisionService(engine=fresh, max_tokens=1024, model={})
+        service = service_of(fresh)
         service.decide(questions()[:1], "single")
         again = service.decide(questions()[:1], "single")
         assert again["timing"]["reused_tokens"] == 0
     finally:
-        fresh.close()
+        fresh.engine.close()
 
 
 def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> None:
-    small = make_engine(tiny_gguf, kv_cells=128)
+    small = LlamaEngine(tiny_gguf, kv_cells=128, max_branches=16, threads=2, n_gpu_layers=0)
     try:
         with pytest.raises(CapacityError, match="KV cells"):
             small.score([list(range(10)) + [i % 200 for i in range(200)]])
@@ -153,11 +143,11 @@ def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> 
         small.close()
 
 
-def test_slot_readout_matches_full_vocabulary_softmax(engine: LlamaEngine) -> None:
-    service = DecisionService(engine=engine, max_tokens=1024, model={})
+def test_slot_readout_matches_full_vocabulary_softmax(model: LoadedModel) -> None:
+    service, engine = service_of(model), model.engine
     ((_, tokens),) = service.render([questions()[0]], "single")
     scores, _ = engine.score([tokens])
-    slots = list(engine.slot_token_ids[:3])
+    slots = list(model.labels.letter_token_ids[:3])
     readout = read_slots(scores[0].logits, slots)
     logits = scores[0].logits.astype(np.float64)
     full = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
@@ -173,7 +163,7 @@ def test_binding_without_unified_kv_cache_is_refused(
 
     monkeypatch.setattr(llama_cpp, "llama_context_params", OldContextParams)
     with pytest.raises(ModelLoadError, match="binding lacks kv_unified"):
-        make_engine(tiny_gguf)
+        open_test_model(tiny_gguf)
 
 
 def test_refused_model_frees_its_native_memory(
@@ -194,5 +184,5 @@ def test_refused_model_frees_its_native_memory(
     monkeypatch.setattr(llama_cpp, "llama_model_free", free_model)
     refusing = "{{ raise_exception('System role not supported') }}"
     with pytest.raises(TemplateRenderError, match="System role not supported"):
-        make_engine(write_tiny_gguf(tmp_path / "strict.gguf", chat_template=refusing))
+        open_test_model(write_tiny_gguf(tmp_path / "strict.gguf", chat_template=refusing))
     assert freed == ["context", "model"]

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from adapter.app import create_app
-from client.cli import main
 from adapter.settings import Settings
-from tests.conftest import REPO
-from tests.live_server import live_server
+from client.cli import main
+from tests.support.live_server import live_server
+from tests.support.serving import REPO
 
 DOC = REPO / "docs" / "client.md"
 DOC_URL = "http://127.0.0.1:8080"
-EXAMPLES = REPO / "adapter" / "examples"
+EXAMPLES = REPO / "client" / "examples"
 
 
 @pytest.fixture(scope="module")

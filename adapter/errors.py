@@ -1,0 +1,71 @@
+"""Every error a request can end in, each carrying its own HTTP status and JSON body.
+
+The HTTP layer has one handler for all of them (`adapter.http`), so a new error type needs
+no new mapping: give it a status, and a field path where the caller can fix something.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ApiError(Exception):
+    """An answer other than 200: `status`, a message, optional extra body fields and headers."""
+
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        return {"error": str(self), **self.extra}
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class RequestError(ApiError):
+    """A request broke a schema rule; the message starts with the JSON path of the field."""
+
+    status = 400
+
+    def __init__(self, path: str, rule: str) -> None:
+        super().__init__(f"{path}: {rule}", field=path)
+        self.path = path
+
+
+class SchemaError(RequestError):
+    """The body does not have the shape its format requires (System One answers 422)."""
+
+    status = 422
+
+
+class UnsupportedMediaTypeError(ApiError):
+    status = 415
+
+
+class PayloadTooLargeError(ApiError):
+    status = 413
+
+
+class UnauthorizedError(ApiError):
+    status = 401
+
+    def headers(self) -> dict[str, str]:
+        return {"www-authenticate": "Bearer"}
+
+
+class UnavailableError(ApiError):
+    """503: the model is loading, unhealthy, or out of capacity; `retryable` says whether a
+    retry after `Retry-After` seconds can succeed."""
+
+    status = 503
+    RETRY_AFTER_SECONDS: ClassVar[int] = 1
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message, retryable=retryable)
+        self.retryable = retryable
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.RETRY_AFTER_SECONDS)} if self.retryable else {}

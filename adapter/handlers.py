@@ -1,0 +1,95 @@
+"""The three APIs as plain functions: validate, admit, run the model in a worker thread, shape.
+
+Validation comes before admission, so an invalid request never holds capacity; the model
+work runs in a worker thread so the event loop stays free for /ping and for turning excess
+requests away. Each returns the response body and the fields its log line adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+
+from adapter import chat, systemone
+from adapter.errors import RequestError
+from adapter.runtime import Runtime
+from adapter.schema import parse_decision_request
+
+Result = tuple[dict[str, Any], dict[str, Any]]
+Handler = Callable[[Runtime, Any, str], Any]
+
+
+async def decide(runtime: Runtime, body: Any, request_id: str) -> Result:
+    """The decision API: one decision, or a shared-state batch scored as branches."""
+    mode, decisions = parse_decision_request(body, runtime.settings.max_shared_decisions)
+    async with runtime.admit() as service:
+        scored = await anyio.to_thread.run_sync(service.decide, decisions, mode)
+    results = scored["results"]
+    response: dict[str, Any] = {"result": results[0]} if mode == "single" else {"results": results}
+    response.update(model=service.model, timing=scored["timing"], request_id=request_id)
+    log = {
+        "mode": mode,
+        "decisions": len(decisions),
+        "input_tokens": sum(result["input_tokens"] for result in results),
+        "evaluated_tokens": scored["timing"]["evaluated_tokens"],
+        "reused_tokens": scored["timing"]["reused_tokens"],
+    }
+    return response, log
+
+
+async def answer_systemone(runtime: Runtime, body: Any, request_id: str) -> Result:
+    """System One: every question about the state in one batched pass, format-exact answer."""
+    request = systemone.parse_systemone(body, runtime.settings.max_shared_decisions)
+    async with runtime.admit() as service:
+        response, batch = await anyio.to_thread.run_sync(systemone.answer, service, request)
+    timing = batch.timing_json()
+    log = {
+        "mode": "systemone",
+        "decisions": len(request.questions),
+        "input_tokens": response["usage"]["input_tokens"],
+        "evaluated_tokens": timing["evaluated_tokens"],
+        "reused_tokens": timing["reused_tokens"],
+    }
+    return response, log
+
+
+async def complete_chat(runtime: Runtime, body: Any, request_id: str) -> Result:
+    """Chat completion by the loaded model, under the same admission control."""
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    settings = runtime.settings
+    # load_settings keeps the chat limit within SEMIF_MAX_TOKENS; Settings built directly may not.
+    request = chat.parse_chat_request(body, min(settings.max_chat_tokens, settings.max_tokens))
+    async with runtime.admit() as service:
+        generation = await anyio.to_thread.run_sync(
+            lambda: service.generate(
+                request.messages,
+                max_new_tokens=request.max_tokens,
+                sampling=request.sampling,
+                stop=request.stop,
+            )
+        )
+    response = chat.completion(generation, service.model_id, f"chatcmpl-{request_id}")
+    log = {
+        "mode": "chat",
+        "input_tokens": generation.prompt_tokens,
+        "reused_tokens": generation.reused_tokens,
+        "output_tokens": generation.completion_tokens,
+        "finish_reason": generation.finish_reason,
+    }
+    return response, log
+
+
+# /invocations picks the API by the body's distinguishing field; the decision API is the
+# default, so the reference sample's bodies work unchanged.
+BY_FIELD: dict[str, Handler] = {"questions": answer_systemone, "messages": complete_chat}
+
+
+def select_handler(body: Any) -> Handler:
+    if isinstance(body, dict):
+        for key, handler in BY_FIELD.items():
+            if key in body:
+                return handler
+    return decide

@@ -1,0 +1,162 @@
+"""HTTP plumbing shared by every route: bodies, request ids, auth, one error map, one log line.
+
+`answer` runs one API call and turns whatever it raises into a JSON answer: an `ApiError`
+carries its own status, body and headers; anything else is a 500 that is logged with its
+traceback but never shown to the caller. Each call writes exactly one JSON log line.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from adapter.errors import (
+    ApiError,
+    PayloadTooLargeError,
+    RequestError,
+    UnauthorizedError,
+    UnsupportedMediaTypeError,
+)
+
+LOG = logging.getLogger("adapter.requests")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# An API call: (body, request id) -> (response body, extra log fields).
+Call = Callable[[Any, str], Awaitable[tuple[dict[str, Any], dict[str, Any]]]]
+
+
+def json_response(status: int, body: dict[str, Any], **headers: str) -> Response:
+    """Serialise strictly: NaN or Infinity must never reach a client as invalid JSON."""
+    content = json.dumps(body, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return Response(content, status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(error: ApiError, **headers: str) -> Response:
+    return json_response(error.status, error.body(), **error.headers(), **headers)
+
+
+async def read_json_body(request: Request, max_bytes: int) -> Any:
+    """Read and parse a JSON body, enforcing content type and size before parsing."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type != "application/json" and not content_type.endswith("+json"):
+        raise UnsupportedMediaTypeError(
+            f"content type {content_type or 'missing'!r}: send application/json"
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLargeError(
+            f"body is {declared} bytes; the limit is {max_bytes} (SEMIF_MAX_BODY_BYTES)"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLargeError(f"body exceeds {max_bytes} bytes (SEMIF_MAX_BODY_BYTES)")
+        chunks.append(chunk)
+    try:
+        return json.loads(
+            b"".join(chunks), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
+        )
+    except (ValueError, UnicodeDecodeError) as error:
+        raise RequestError("body", f"invalid JSON ({error})") from None
+    except RecursionError:
+        raise RequestError("body", "invalid JSON (nested too deeply)") from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Refuse duplicate object keys: JSON parsers disagree on which one wins, and a
+    duplicated option or question would otherwise vanish silently."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {json.dumps(key)}")
+        result[key] = value
+    return result
+
+
+def request_id_of(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+def authenticate(request: Request, api_key: str | None) -> None:
+    """With SEMIF_API_KEY set, the /v1 routes need `Authorization: Bearer <key>`."""
+    if api_key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), api_key.encode()
+    ):
+        raise UnauthorizedError(
+            "missing or wrong API key: send Authorization: Bearer <SEMIF_API_KEY>"
+        )
+
+
+async def answer(
+    request: Request,
+    call: Callable[[Any], Call],
+    *,
+    max_body_bytes: int,
+    api_key: str | None = None,
+) -> Response:
+    """Run one API call (`call(body)` picks it from the parsed body): check the key when one
+    is given, read the body, map every error to its JSON answer and log the call once."""
+    request_id = request_id_of(request)
+    started = time.perf_counter()
+    log: dict[str, Any] = {"request_id": request_id, "path": request.url.path}
+    headers = {"x-request-id": request_id}
+    try:
+        authenticate(request, api_key)
+        body = await read_json_body(request, max_body_bytes)
+        payload, details = await call(body)(body, request_id)
+        log.update(details)
+        response = json_response(200, payload, **headers)
+    except ApiError as error:
+        error.extra["request_id"] = request_id
+        response = error_response(error, **headers)
+    except Exception:
+        LOG.exception("scoring failed (request_id=%s)", request_id)
+        response = json_response(
+            500, {"error": "scoring failed", "request_id": request_id}, **headers
+        )
+    log.update(status=response.status_code, seconds=round(time.perf_counter() - started, 6))
+    LOG.info(json.dumps(log, default=str, allow_nan=True))
+    return response
+
+
+def as_sagemaker_runtime(response: Response) -> Response:
+    """Answer as SageMaker's InvokeEndpoint does: the container's 2xx body as is, any other
+    answer wrapped in a 424 ModelError carrying the original status and body."""
+    if response.status_code < 300:
+        response.headers["x-amzn-invoked-production-variant"] = "AllTraffic"
+        return response
+    original = bytes(response.body).decode("utf-8", errors="replace")
+    side = "client" if response.status_code < 500 else "server"
+    body = {
+        "ErrorCode": f"{side.upper()}_ERROR_FROM_MODEL",
+        "Message": (
+            f"Received {side} error ({response.status_code}) from primary with message "
+            f'"{original}".'
+        ),
+        "OriginalMessage": original,
+        "OriginalStatusCode": response.status_code,
+        "LogStreamArn": "local",
+    }
+    return json_response(
+        424,
+        body,
+        **{"x-amzn-errortype": "ModelError:http://internal.amazon.com/coral/com.amazon.sagemaker/"},
+    )

@@ -1,0 +1,1 @@
+"""Helpers the tests import (fixtures stay in conftest.py, which nothing imports)."""

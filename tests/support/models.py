@@ -1,0 +1,37 @@
+"""Models opened the way the server opens them (engine, template, probed labels)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adapter.runtime import LoadedModel, open_model
+from adapter.service import DecisionService
+
+
+def open_test_model(
+    gguf: Path,
+    *,
+    kv_cells: int = 4096,
+    max_branches: int = 16,
+    prefix_reuse: bool = True,
+    threads: int = 2,
+) -> LoadedModel:
+    return open_model(
+        gguf,
+        kv_cells=kv_cells,
+        max_branches=max_branches,
+        threads=threads,
+        n_gpu_layers=0,
+        prefix_reuse=prefix_reuse,
+    )
+
+
+def service_of(model: LoadedModel, max_tokens: int = 1024) -> DecisionService:
+    """A service over `model` with no manifest identity (as the benchmarks build it)."""
+    return DecisionService(
+        engine=model.engine,
+        template=model.template,
+        labels=model.labels,
+        max_tokens=max_tokens,
+        model={},
+    )
