@@ -12,8 +12,8 @@ from pathlib import Path
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from stacks.config import select_environments
 from stacks.deployment import add_environment
+from stacks.environments import select_environments
 
 REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_ENVIRONMENT = "dev"

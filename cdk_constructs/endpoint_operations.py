@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from aws_cdk import Duration
 from aws_cdk import aws_applicationautoscaling as appscaling
@@ -10,7 +12,59 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
-from stacks.config import AlarmThresholds, Autoscaling, ScalingMetric
+from cdk_constructs.validation import require
+
+
+class ScalingMetric(enum.Enum):
+    """The per-instance load signal the target tracking follows."""
+
+    INVOCATIONS = "invocations"
+    CONCURRENCY = "concurrency"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Autoscaling:
+    """Target tracking bounds for an endpoint's variant."""
+
+    min_capacity: int
+    max_capacity: int
+    metric: ScalingMetric
+    target_value: float
+
+    def __post_init__(self) -> None:
+        require(
+            1 <= self.min_capacity <= self.max_capacity,
+            f"autoscaling: need 1 <= min_capacity ({self.min_capacity}) "
+            f"<= max_capacity ({self.max_capacity})",
+        )
+        require(
+            self.target_value > 0,
+            f"autoscaling.target_value: {self.target_value} must be > 0",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlarmThresholds:
+    """When an endpoint's alarms fire. Latency is SageMaker's ModelLatency (microseconds)."""
+
+    five_xx_rate_percent: float = 1.0
+    p95_model_latency_ms: int = 2000
+    max_memory_utilization_percent: float = 90.0
+    max_disk_utilization_percent: float = 90.0
+
+    def __post_init__(self) -> None:
+        require(
+            0 < self.five_xx_rate_percent <= 100,
+            f"alarms.five_xx_rate_percent: {self.five_xx_rate_percent} is outside (0, 100]",
+        )
+        require(
+            self.p95_model_latency_ms > 0,
+            f"alarms.p95_model_latency_ms: {self.p95_model_latency_ms} must be > 0",
+        )
+        for name in ("max_memory_utilization_percent", "max_disk_utilization_percent"):
+            value = getattr(self, name)
+            require(0 < value <= 100, f"alarms.{name}: {value} is outside (0, 100]")
+
 
 _PREDEFINED = appscaling.PredefinedMetric
 _PREDEFINED_METRIC = {

@@ -14,6 +14,7 @@ from constructs import Construct
 from cdk_constructs.build_project import BuildProject, RepoSource
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT
 from cdk_constructs.nag import acknowledge
+from cdk_constructs.validation import require_digest_image
 
 BUILDSPEC = "images/buildspec.yml"
 # Exactly what goes into the image or its build: the image tag hashes these, so editing the
@@ -92,7 +93,7 @@ class ImageBuildProject(Construct):
         removal_policy: RemovalPolicy,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.flavor = flavor
+        require_digest_image(base_image, f"{flavor.label} image build base_image")
         self.image_tag = image_tag(flavor, source.asset_hash, base_image)
         self.build = BuildProject(
             self,

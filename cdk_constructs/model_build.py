@@ -12,6 +12,7 @@ from constructs import Construct
 
 from cdk_constructs.build_project import BuildProject, RepoSource
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT, DeployTimeBuild
+from cdk_constructs.model_artifact import ModelArtifact
 
 BUILDSPEC = "model_build/buildspec.yml"
 SOURCE_PATHS = ("model_build",)  # all the model build runs: its hash is the build key
@@ -36,7 +37,8 @@ class ModelBuild(Construct):
     """Fetch the pinned GGUF, check its sha256, write `model.tar.gz` to one exact key.
 
     The build role may write only that object (and use the bucket key); the deploy-time
-    build re-runs only when the model pin or the builder's code changes.
+    build re-runs only when the model pin or the builder's code changes. `artifact` is what
+    the endpoints serve.
     """
 
     def __init__(
@@ -52,8 +54,9 @@ class ModelBuild(Construct):
         removal_policy: RemovalPolicy,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.object_key = model_object_key(model_sha256)
-        self.model_data_url = f"s3://{bucket.bucket_name}/{self.object_key}"
+        self.artifact = ModelArtifact(
+            bucket=bucket, key=key, object_key=model_object_key(model_sha256)
+        )
         self.project = BuildProject(
             self,
             "Project",
@@ -63,7 +66,7 @@ class ModelBuild(Construct):
             environment_variables={
                 "MODEL_SOURCE_URI": model_uri,
                 "MODEL_SHA256": model_sha256,
-                "MODEL_DEST_URI": self.model_data_url,
+                "MODEL_DEST_URI": self.artifact.model_data_url,
                 "MODEL_KMS_KEY_ID": key.key_arn,
             },
             encryption_key=key,
@@ -73,7 +76,7 @@ class ModelBuild(Construct):
         )
         self.project.allow(
             ["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"],
-            [bucket.arn_for_objects(self.object_key)],
+            [self.artifact.object_arn],
         )
         if model_uri.startswith("s3://"):
             # Read exactly the pinned source object (an SSE-KMS source also needs its key's

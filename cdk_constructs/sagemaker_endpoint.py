@@ -8,21 +8,27 @@ can name it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from aws_cdk import RemovalPolicy, Stack, Token
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
+from cdk_constructs.model_artifact import ModelArtifact
 from cdk_constructs.nag import acknowledge
-from stacks.config import CpuPlacement, GpuPlacement, NetworkSettings, require_digest_image
+from cdk_constructs.validation import require, require_digest_image, require_instance_type
 
 VARIANT_NAME = "AllTraffic"
+_MAX_POOLS = 5
+_MIN_PROVISION_TIMEOUT_S = 300
+_MAX_PROVISION_TIMEOUT_S = 3600
+_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+_SECURITY_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}$")
 # ENI management for VPC-attached models; EC2 offers no resource-level scoping for these.
 VPC_ACTIONS = (
     "ec2:CreateNetworkInterface",
@@ -37,14 +43,83 @@ VPC_ACTIONS = (
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class CpuPlacement:
+    """One fixed CPU instance type; its volume is encrypted with the artifact key."""
+
+    instance_type: str
+
+    def __post_init__(self) -> None:
+        require_instance_type(self.instance_type, "cpu.instance_type")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuPlacement:
+    """Ordered GPU instance pools (priority = position) and the CUDA-capable AMI.
+
+    Pools are placement fallbacks, not load balancing: SageMaker picks one type per variant.
+    """
+
+    instance_pools: tuple[str, ...]
+    provision_timeout_seconds: int
+    inference_ami_version: str
+
+    def __post_init__(self) -> None:
+        pools = self.instance_pools
+        require(
+            1 <= len(pools) <= _MAX_POOLS,
+            f"gpu.instance_pools: {len(pools)} types given; SageMaker takes 1..{_MAX_POOLS}",
+        )
+        for index, instance_type in enumerate(pools):
+            require_instance_type(instance_type, f"gpu.instance_pools[{index}]")
+        require(
+            len(set(pools)) == len(pools),
+            f"gpu.instance_pools: {list(pools)} repeats a type; each type needs one priority",
+        )
+        require(
+            _MIN_PROVISION_TIMEOUT_S <= self.provision_timeout_seconds <= _MAX_PROVISION_TIMEOUT_S,
+            f"gpu.provision_timeout_seconds: {self.provision_timeout_seconds} is outside "
+            f"{_MIN_PROVISION_TIMEOUT_S}..{_MAX_PROVISION_TIMEOUT_S}",
+        )
+        require(
+            bool(self.inference_ami_version),
+            "gpu.inference_ami_version: required; the CUDA 13 DLC needs a driver >= 580 AMI",
+        )
+
+
+Placement = CpuPlacement | GpuPlacement
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSettings:
+    """Optional VPC placement for the SageMaker model (subnets + security groups)."""
+
+    subnet_ids: tuple[str, ...]
+    security_group_ids: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        require(bool(self.subnet_ids), "network.subnet_ids: give at least one subnet")
+        require(
+            bool(self.security_group_ids),
+            "network.security_group_ids: give at least one security group",
+        )
+        for subnet in self.subnet_ids:
+            require(bool(_SUBNET.fullmatch(subnet)), f"network.subnet_ids: bad id {subnet!r}")
+        for group in self.security_group_ids:
+            require(
+                bool(_SECURITY_GROUP.fullmatch(group)),
+                f"network.security_group_ids: bad id {group!r}",
+            )
+
+
 def endpoint_log_group_name(endpoint_name: str) -> str:
     return f"/aws/sagemaker/Endpoints/{endpoint_name}"
 
 
 class SageMakerEndpoint(Construct):
-    """Serve `image_uri` with the artifact at `bucket/object_key` on `placement`.
+    """Serve `image_uri` with the `model` artifact on `placement`.
 
-    The role may read only that object (decrypting with `key` via S3), pull only
+    The role may read only that object (decrypting with its key via S3), pull only
     `repository` (None for a public DLC image) and write only this endpoint's log group.
     """
 
@@ -56,11 +131,9 @@ class SageMakerEndpoint(Construct):
         endpoint_name: str,
         image_uri: str,
         repository: ecr.IRepository | None,
-        bucket: s3.IBucket,
-        object_key: str,
-        key: kms.IKey,
+        model: ModelArtifact,
         environment: Mapping[str, str],
-        placement: CpuPlacement | GpuPlacement,
+        placement: Placement,
         initial_instance_count: int,
         startup_timeout_seconds: int,
         network: NetworkSettings | None,
@@ -72,7 +145,6 @@ class SageMakerEndpoint(Construct):
         self.endpoint_name = endpoint_name
         self.variant_name = VARIANT_NAME
         self.image_uri = image_uri
-        self.model_data_url = f"s3://{bucket.bucket_name}/{object_key}"
         self.log_group = logs.LogGroup(
             self,
             "Logs",
@@ -80,9 +152,7 @@ class SageMakerEndpoint(Construct):
             retention=logs.RetentionDays.THREE_MONTHS,
             removal_policy=removal_policy,
         )
-        self.role = self._execution_role(
-            repository=repository, bucket=bucket, object_key=object_key, key=key, network=network
-        )
+        self.role = self._execution_role(repository=repository, model=model, network=network)
         self.model = sagemaker.CfnModel(
             self,
             "Model",
@@ -90,7 +160,7 @@ class SageMakerEndpoint(Construct):
             enable_network_isolation=True,
             primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
                 image=image_uri,
-                model_data_url=self.model_data_url,
+                model_data_url=model.model_data_url,
                 environment=dict(sorted(environment.items())),
             ),
             vpc_config=None
@@ -121,7 +191,7 @@ class SageMakerEndpoint(Construct):
                 )
             ],
             # Instances with local NVMe storage (every GPU pool type) reject a volume key.
-            kms_key_id=key.key_arn if isinstance(placement, CpuPlacement) else None,
+            kms_key_id=model.key.key_arn if isinstance(placement, CpuPlacement) else None,
         )
         if isinstance(placement, GpuPlacement):
             acknowledge(
@@ -142,9 +212,7 @@ class SageMakerEndpoint(Construct):
         self,
         *,
         repository: ecr.IRepository | None,
-        bucket: s3.IBucket,
-        object_key: str,
-        key: kms.IKey,
+        model: ModelArtifact,
         network: NetworkSettings | None,
     ) -> iam.Role:
         role = iam.Role(
@@ -154,14 +222,12 @@ class SageMakerEndpoint(Construct):
             description=f"SageMaker execution role of {self.endpoint_name}",
         )
         role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject"], resources=[bucket.arn_for_objects(object_key)]
-            )
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[model.object_arn])
         )
         role.add_to_policy(
             iam.PolicyStatement(
                 actions=["kms:Decrypt"],
-                resources=[key.key_arn],
+                resources=[model.key.key_arn],
                 conditions={
                     "StringEquals": {"kms:ViaService": f"s3.{Stack.of(self).region}.amazonaws.com"}
                 },
@@ -207,7 +273,7 @@ class SageMakerEndpoint(Construct):
 def _production_variant(
     *,
     model_name: str,
-    placement: CpuPlacement | GpuPlacement,
+    placement: Placement,
     initial_instance_count: int,
     startup_timeout_seconds: int,
 ) -> sagemaker.CfnEndpointConfig.ProductionVariantProperty:

@@ -10,6 +10,7 @@ from constructs import Construct
 
 from cdk_constructs.artifact_bucket import ArtifactBucket
 from cdk_constructs.build_project import RepoSource
+from cdk_constructs.model_artifact import ModelArtifact
 from cdk_constructs.model_build import (
     ARCHIVE_SHA256,
     ARCHIVE_URI,
@@ -21,10 +22,12 @@ from stacks.config import ModelSource
 
 
 class ArtifactStack(Stack):
-    """Holds the only copy of `model.tar.gz`; the endpoint stacks read it by exact key.
+    """Holds the only copy of `model.tar.gz`; `model_artifact` is what the endpoints serve.
 
     What crosses to other stacks (bucket name/ARN, key ARN) never changes for the life of
-    the stack, so CloudFormation exports never block an update.
+    the stack, so CloudFormation exports never block an update; the object key is fixed at
+    synth time. Referencing the bucket makes each endpoint stack wait for this whole stack,
+    including the model build that writes the object.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class ArtifactStack(Stack):
             key=self.artifacts.key,
             removal_policy=removal_policy,
         )
+        self.model_artifact: ModelArtifact = self.model_build.artifact
         build = self.model_build.build
         CfnOutput(
             self,

@@ -10,7 +10,6 @@ from aws_cdk import RemovalPolicy, Tags
 from constructs import Construct
 
 from cdk_constructs.image_build import ImageFlavor
-from cdk_constructs.model_build import model_object_key
 from stacks.artifact_stack import ArtifactStack
 from stacks.config import EndpointKind, EnvironmentConfig
 from stacks.endpoint_stacks import DecisionEndpointStack, StandardEndpointStack
@@ -43,7 +42,6 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
     """Create the stacks `config` asks for, wired by typed props only."""
     env = cdk.Environment(account=config.account, region=config.region)
     removal = RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY
-    object_key = model_object_key(config.model.sha256)
     artifact = ArtifactStack(
         scope,
         stack_name(config, "artifact"),
@@ -53,9 +51,7 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
         model=config.model,
         removal_policy=removal,
     )
-    # Referencing the bucket makes each endpoint stack wait for the whole artifact stack,
-    # including the model build that writes the object it serves.
-    bucket, key = artifact.artifacts.bucket, artifact.artifacts.key
+    model = artifact.model_artifact  # what both endpoint stacks serve
     images = decision = standard = None
     if config.deploys(EndpointKind.DECISION):
         flavor = ImageFlavor.CUDA if config.decision.uses_gpu else ImageFlavor.CPU
@@ -78,9 +74,7 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
             settings=config.decision,
             image_build=images.image_build,
             repository=images.repository,
-            bucket=bucket,
-            key=key,
-            object_key=object_key,
+            model=model,
             network=config.network,
             removal_policy=removal,
         )
@@ -93,9 +87,7 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
             endpoint_name=endpoint_name(config, EndpointKind.STANDARD),
             settings=config.standard,
             image_uri=config.dlc_images.cpu,
-            bucket=bucket,
-            key=key,
-            object_key=object_key,
+            model=model,
             network=config.network,
             removal_policy=removal,
         )

@@ -1,6 +1,6 @@
 """The two endpoint stacks: the decision endpoint (our adapter image) and the standard one.
 
-Both read the same `model.tar.gz` from the artifact stack by its content-addressed key.
+Both serve the same `model.tar.gz`: the artifact stack's `ModelArtifact`.
 """
 
 from __future__ import annotations
@@ -9,30 +9,14 @@ from typing import Any
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack
 from aws_cdk import aws_ecr as ecr
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from cdk_constructs.deploy_time_build import DeployTimeBuild
 from cdk_constructs.endpoint_operations import EndpointAlarms, EndpointAutoscaling
 from cdk_constructs.image_build import IMAGE_URI_VARIABLE, ImageBuildProject
-from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
-from stacks.config import (
-    CpuPlacement,
-    DecisionEndpointSettings,
-    GpuPlacement,
-    NetworkSettings,
-    StandardEndpointSettings,
-)
-
-
-def standard_environment(settings: StandardEndpointSettings) -> dict[str, str]:
-    """The DLC turns each `SM_LLAMA_CPP_FOO_BAR` into llama-server's `--foo-bar`."""
-    return {
-        "SM_LLAMA_CPP_CTX_SIZE": str(settings.context_size),
-        "SM_LLAMA_CPP_THREADS": str(settings.threads),
-        "SM_LLAMA_CPP_N_GPU_LAYERS": str(settings.gpu_layers),
-    }
+from cdk_constructs.model_artifact import ModelArtifact
+from cdk_constructs.sagemaker_endpoint import NetworkSettings, SageMakerEndpoint
+from stacks.config import DecisionEndpointSettings, StandardEndpointSettings
 
 
 class DecisionEndpointStack(Stack):
@@ -47,9 +31,7 @@ class DecisionEndpointStack(Stack):
         settings: DecisionEndpointSettings,
         image_build: ImageBuildProject,
         repository: ecr.IRepository,
-        bucket: s3.IBucket,
-        key: kms.IKey,
-        object_key: str,
+        model: ModelArtifact,
         network: NetworkSettings | None,
         removal_policy: RemovalPolicy,
         **kwargs: Any,
@@ -68,9 +50,7 @@ class DecisionEndpointStack(Stack):
             endpoint_name=endpoint_name,
             image_uri=self.image.output(IMAGE_URI_VARIABLE),
             repository=repository,
-            bucket=bucket,
-            object_key=object_key,
-            key=key,
+            model=model,
             environment=settings.container_environment(),
             placement=settings.placement,
             initial_instance_count=settings.autoscaling.min_capacity,
@@ -79,17 +59,12 @@ class DecisionEndpointStack(Stack):
             removal_policy=removal_policy,
         )
         EndpointAutoscaling(self, "Scaling", endpoint=self.endpoint, settings=settings.autoscaling)
-        pools = (
-            settings.placement.instance_pools
-            if isinstance(settings.placement, GpuPlacement)
-            else ()
-        )
         EndpointAlarms(
             self,
             "Alarms",
             endpoint=self.endpoint,
             thresholds=settings.alarms,
-            instance_types=pools,
+            instance_types=settings.instance_pools,
         )
         _outputs(self, "Decision", self.endpoint)
 
@@ -105,9 +80,7 @@ class StandardEndpointStack(Stack):
         endpoint_name: str,
         settings: StandardEndpointSettings,
         image_uri: str,
-        bucket: s3.IBucket,
-        key: kms.IKey,
-        object_key: str,
+        model: ModelArtifact,
         network: NetworkSettings | None,
         removal_policy: RemovalPolicy,
         **kwargs: Any,
@@ -119,11 +92,9 @@ class StandardEndpointStack(Stack):
             endpoint_name=endpoint_name,
             image_uri=image_uri,
             repository=None,
-            bucket=bucket,
-            object_key=object_key,
-            key=key,
-            environment=standard_environment(settings),
-            placement=CpuPlacement(instance_type=settings.instance_type, threads=settings.threads),
+            model=model,
+            environment=settings.container_environment(),
+            placement=settings.placement,
             initial_instance_count=1,
             startup_timeout_seconds=600,
             network=network,

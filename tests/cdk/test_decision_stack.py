@@ -1,0 +1,347 @@
+"""The decision stack: the deploy-time image build, the endpoint, its scaling and alarms."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Capture, Match
+
+from cdk_constructs.model_build import model_object_key
+from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
+from stacks.config import EndpointKind
+from stacks.deployment import endpoint_name
+from stacks.environments import ENVIRONMENTS
+from tests.cdk.support import Synth, as_list, import_value, logical_id, resources, statements
+
+
+def _model_data_url(env: str) -> dict[str, Any]:
+    key = model_object_key(ENVIRONMENTS[env].model.sha256)
+    return {
+        "Fn::Join": [
+            "",
+            ["s3://", import_value(f"semif-{env}-artifact", "ArtifactsBucket"), f"/{key}"],
+        ]
+    }
+
+
+def test_waiter_handlers_may_only_start_and_read_their_project(synth: Synth) -> None:
+    raw = synth.raw("dev", "decision")
+    codebuild = [s for _, s in statements(raw) if "codebuild:StartBuild" in as_list(s["Action"])]
+    assert len(codebuild) == 1
+    assert sorted(codebuild[0]["Action"]) == [
+        "codebuild:BatchGetBuilds",
+        "codebuild:ListBuildsForProject",
+        "codebuild:StartBuild",
+    ]
+    synth.template("dev", "decision").has_resource_properties(
+        "AWS::IAM::Policy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Action": Match.array_with(["codebuild:StartBuild"]),
+                                "Resource": import_value("semif-dev-images", "CpuImageProject"),
+                            }
+                        )
+                    ]
+                )
+            }
+        },
+    )
+
+
+@pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
+def test_decision_model_serves_the_built_digest_with_network_isolation(
+    synth: Synth, env: str
+) -> None:
+    template = synth.template(env, "decision")
+    build_id = Capture()
+    template.resource_count_is("AWS::SageMaker::Model", 1)
+    template.has_resource_properties(
+        "AWS::SageMaker::Model",
+        {
+            "EnableNetworkIsolation": True,
+            "PrimaryContainer": Match.object_like(
+                {
+                    "Image": {"Fn::GetAtt": [build_id, "IMAGE_URI"]},
+                    "ModelDataUrl": _model_data_url(env),
+                }
+            ),
+            "ModelName": Match.absent(),
+        },
+    )
+    template.has_resource(
+        "Custom::DeployTimeBuild",
+        {
+            "Properties": Match.object_like(
+                {
+                    "OutputVariables": ["IMAGE_URI"],
+                    "Trigger": Match.string_like_regexp(r"^(cpu|cuda)-[0-9a-f]{32}$"),
+                }
+            )
+        },
+    )
+    assert template.to_json()["Resources"][build_id.as_string()]["Type"] == (
+        "Custom::DeployTimeBuild"
+    )
+
+
+def test_decision_environment_variables(synth: Synth) -> None:
+    config = ENVIRONMENTS["prod"].decision
+    assert isinstance(config.placement, CpuPlacement)
+    synth.template("prod", "decision").has_resource_properties(
+        "AWS::SageMaker::Model",
+        {
+            "PrimaryContainer": Match.object_like(
+                {
+                    "Environment": Match.exact(
+                        {
+                            "SEMIF_MAX_IN_FLIGHT": str(config.max_in_flight),
+                            "SEMIF_MAX_TOKENS": str(config.max_tokens),
+                            "SEMIF_N_GPU_LAYERS": "0",
+                            "SEMIF_THREADS": str(config.threads),
+                        }
+                    )
+                }
+            )
+        },
+    )
+    synth.template("gpu", "decision").has_resource_properties(
+        "AWS::SageMaker::Model",
+        {
+            "PrimaryContainer": Match.object_like(
+                {
+                    "Environment": Match.object_like(
+                        {"SEMIF_N_GPU_LAYERS": "-1", "SEMIF_THREADS": Match.absent()}
+                    )
+                }
+            )
+        },
+    )
+
+
+def test_cpu_endpoint_config_uses_one_fixed_instance(synth: Synth) -> None:
+    config = ENVIRONMENTS["prod"].decision
+    assert isinstance(config.placement, CpuPlacement)
+    template = synth.template("prod", "decision")
+    template.resource_count_is("AWS::SageMaker::EndpointConfig", 1)
+    template.has_resource_properties(
+        "AWS::SageMaker::EndpointConfig",
+        {
+            "EndpointConfigName": Match.absent(),
+            "KmsKeyId": Match.any_value(),
+            "ProductionVariants": [
+                Match.object_like(
+                    {
+                        "InstanceType": config.placement.instance_type,
+                        "InitialInstanceCount": config.autoscaling.min_capacity,
+                        "InstancePools": Match.absent(),
+                        "InferenceAmiVersion": Match.absent(),
+                        "ContainerStartupHealthCheckTimeoutInSeconds": 600,
+                    }
+                )
+            ],
+        },
+    )
+
+
+def test_gpu_endpoint_config_uses_ordered_instance_pools_and_the_cuda_ami(synth: Synth) -> None:
+    placement = ENVIRONMENTS["gpu"].decision.placement
+    assert isinstance(placement, GpuPlacement)
+    template = synth.template("gpu", "decision")
+    template.resource_count_is("AWS::SageMaker::EndpointConfig", 1)
+    template.has_resource_properties(
+        "AWS::SageMaker::EndpointConfig",
+        {
+            "KmsKeyId": Match.absent(),  # NVMe instance storage rejects a volume key
+            "ProductionVariants": [
+                Match.object_like(
+                    {
+                        "InstanceType": Match.absent(),
+                        "InstancePools": Match.exact(
+                            [
+                                {"InstanceType": instance_type, "Priority": priority}
+                                for priority, instance_type in enumerate(
+                                    placement.instance_pools, start=1
+                                )
+                            ]
+                        ),
+                        "InferenceAmiVersion": "al2023-ami-sagemaker-inference-gpu-4-1",
+                        "VariantInstanceProvisionTimeoutInSeconds": 1200,
+                        "ContainerStartupHealthCheckTimeoutInSeconds": 900,
+                        "ModelDataDownloadTimeoutInSeconds": 900,
+                    }
+                )
+            ],
+        },
+    )
+
+
+def test_decision_endpoint_name_and_outputs(synth: Synth) -> None:
+    template = synth.template("dev", "decision")
+    name = endpoint_name(ENVIRONMENTS["dev"], EndpointKind.DECISION)
+    template.resource_count_is("AWS::SageMaker::Endpoint", 1)
+    template.has_resource_properties("AWS::SageMaker::Endpoint", {"EndpointName": name})
+    template.has_output("DecisionEndpointName", {"Value": name})
+    build_id = logical_id(template.to_json(), "Custom::DeployTimeBuild")
+    template.has_output("DecisionImageUri", {"Value": {"Fn::GetAtt": [build_id, "IMAGE_URI"]}})
+
+
+def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth: Synth) -> None:
+    template = synth.template("dev", "decision")
+    raw = template.to_json()
+    role_policies = [
+        s for logical_id, s in statements(raw) if logical_id.startswith("DecisionExecutionRole")
+    ]
+    actions = {action for s in role_policies for action in as_list(s["Action"])}
+    assert not any(action.startswith("s3:Put") for action in actions)
+    key = model_object_key(ENVIRONMENTS["dev"].model.sha256)
+    (log_group_id,) = template.find_resources(
+        "AWS::Logs::LogGroup",
+        {"Properties": {"LogGroupName": "/aws/sagemaker/Endpoints/semif-dev-decision"}},
+    )
+    expected: list[dict[str, Any]] = [
+        {
+            "Action": "s3:GetObject",
+            "Resource": {
+                "Fn::Join": [
+                    "",
+                    [import_value("semif-dev-artifact", "ArtifactsBucket"), f"/{key}"],
+                ]
+            },
+        },
+        {
+            "Action": "kms:Decrypt",
+            "Condition": Match.exact(
+                {"StringEquals": {"kms:ViaService": "s3.us-east-1.amazonaws.com"}}
+            ),
+            "Resource": import_value("semif-dev-artifact", "ArtifactsKey"),
+        },
+        {
+            "Action": Match.array_with(["logs:PutLogEvents"]),
+            "Resource": {"Fn::GetAtt": [log_group_id, "Arn"]},
+        },
+        {
+            "Action": Match.array_with(["ecr:BatchGetImage"]),
+            "Resource": import_value("semif-dev-images", "AdapterRepository"),
+        },
+    ]
+    template.has_resource_properties(
+        "AWS::IAM::Policy",
+        {
+            "Roles": [{"Ref": Match.string_like_regexp("^DecisionExecutionRole")}],
+            "PolicyDocument": {
+                "Statement": Match.array_with([Match.object_like(s) for s in expected])
+            },
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "metric"),
+    [
+        ("dev", "SageMakerVariantInvocationsPerInstance"),
+        ("prod", "SageMakerVariantConcurrentRequestsPerModelHighResolution"),
+    ],
+)
+def test_decision_autoscaling(synth: Synth, env: str, metric: str) -> None:
+    scaling = ENVIRONMENTS[env].decision.autoscaling
+    template = synth.template(env, "decision")
+    template.resource_count_is("AWS::ApplicationAutoScaling::ScalableTarget", 1)
+    template.has_resource_properties(
+        "AWS::ApplicationAutoScaling::ScalableTarget",
+        {
+            "ResourceId": f"endpoint/semif-{env}-decision/variant/AllTraffic",
+            "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
+            "MinCapacity": scaling.min_capacity,
+            "MaxCapacity": scaling.max_capacity,
+        },
+    )
+    template.resource_count_is("AWS::ApplicationAutoScaling::ScalingPolicy", 1)
+    template.has_resource_properties(
+        "AWS::ApplicationAutoScaling::ScalingPolicy",
+        {
+            "TargetTrackingScalingPolicyConfiguration": Match.object_like(
+                {
+                    "PredefinedMetricSpecification": {"PredefinedMetricType": metric},
+                    "TargetValue": scaling.target_value,
+                }
+            )
+        },
+    )
+
+
+def _alarms(raw: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [alarm["Properties"] for _, alarm in resources(raw, "AWS::CloudWatch::Alarm")]
+
+
+def _metric_names(alarm: dict[str, Any]) -> set[str]:
+    if "MetricName" in alarm:
+        return {alarm["MetricName"]}
+    return {
+        query["MetricStat"]["Metric"]["MetricName"]
+        for query in alarm["Metrics"]
+        if "MetricStat" in query
+    }
+
+
+def test_decision_alarms_cover_5xx_latency_and_instance_health(synth: Synth) -> None:
+    thresholds = ENVIRONMENTS["prod"].decision.alarms
+    template = synth.template("prod", "decision")
+    alarms = _alarms(template.to_json())
+    assert {frozenset(_metric_names(alarm)) for alarm in alarms} == {
+        frozenset({"Invocation5XXErrors", "Invocations"}),
+        frozenset({"ModelLatency"}),
+        frozenset({"MemoryUtilization"}),
+        frozenset({"DiskUtilization"}),
+    }
+    assert len(alarms) == 4
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "MetricName": "ModelLatency",
+            "ExtendedStatistic": "p95",
+            "Threshold": thresholds.p95_model_latency_ms * 1000,
+        },
+    )
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "Metrics": Match.array_with(
+                [
+                    Match.object_like(
+                        {
+                            "MetricStat": Match.object_like(
+                                {"Metric": Match.object_like({"MetricName": "Invocation5XXErrors"})}
+                            )
+                        }
+                    )
+                ]
+            ),
+            "Threshold": thresholds.five_xx_rate_percent,
+        },
+    )
+    template.all_resources_properties(
+        "AWS::CloudWatch::Alarm", {"TreatMissingData": "notBreaching"}
+    )
+
+
+def test_gpu_alarms_repeat_per_pool_instance_type(synth: Synth) -> None:
+    placement = ENVIRONMENTS["gpu"].decision.placement
+    assert isinstance(placement, GpuPlacement)
+    template = synth.template("gpu", "decision")
+    template.resource_count_is("AWS::CloudWatch::Alarm", 4 * (1 + len(placement.instance_pools)))
+    latency = template.find_resources(
+        "AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "ModelLatency"}}
+    )
+    latency_types = {
+        dimension["Value"]
+        for alarm in latency.values()
+        for dimension in alarm["Properties"]["Dimensions"]
+        if dimension["Name"] == "InstanceType"
+    }
+    assert latency_types == set(placement.instance_pools)
