@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 from cdk_constructs.image_build import BUILDSPEC, SOURCE_PATHS, ImageFlavor
 from images import smoke as image_smoke
 from stacks.environments import PUBLISHED_DLC_IMAGES
+from tests.support.locks import locked_versions
 
 REPO = Path(__file__).resolve().parents[2]
 # The llama-cpp-python commits aws-samples/sagemaker-genai-hosting-examples validated for
@@ -78,11 +79,11 @@ def test_dockerfile_uses_the_dlc_libraries_and_serve_entry_point(flavor: ImageFl
 
 @pytest.mark.parametrize("flavor", list(ImageFlavor))
 def test_dockerfile_pins_every_pip_requirement(flavor: ImageFlavor) -> None:
-    requirements = (REPO / "requirements.txt").read_text()
+    locked = locked_versions()
     pinned = re.findall(r'"([a-z0-9-]+)==([0-9.]+)"', dockerfile(flavor))
     assert {name for name, _ in pinned} >= {"starlette", "uvicorn", "numpy", "jinja2"}
     for name, version in pinned:
-        assert f"{name}=={version}" in requirements, f"{name} differs from requirements.txt"
+        assert locked.get(name) == version, f"{name} differs from the lock (requirements/)"
     unpinned = re.findall(r'pip install[^&]*?"([a-z0-9-]+)(>=|<|~=)', dockerfile(flavor))
     assert unpinned == []
 

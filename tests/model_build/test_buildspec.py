@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
+from tests.support.locks import locked_versions
 from tests.support.model_build import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,11 +19,7 @@ BUILDSPEC: dict[str, Any] = yaml.safe_load((REPO / "model_build" / "buildspec.ym
 
 
 def test_install_pins_match_requirements() -> None:
-    requirements = dict(
-        line.split("==")
-        for line in (REPO / "requirements.txt").read_text().splitlines()
-        if "==" in line and not line.startswith("#")
-    )
+    requirements = locked_versions()
     commands = " ".join(BUILDSPEC["phases"]["install"]["commands"])
     pins = dict(re.findall(r"([\w-]+)==([\w.]+)", commands))
     assert pins == {name: requirements[name] for name in ("gguf", "numpy", "boto3")}
