@@ -1,0 +1,1 @@
+"""Developer commands; `scripts.gpu` is the one-shot GPU check (docs/gpu-check.md)."""
