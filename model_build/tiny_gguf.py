@@ -11,7 +11,9 @@ precondition (its template ends the prompt inside a word, and a merge fuses the 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +42,51 @@ def byte_level_alphabet() -> list[str]:
             chars[byte] = chr(256 + extra)
             extra += 1
     return [chars[byte] for byte in range(256)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaHeader:
+    """The GGUF metadata of a random llama with this module's byte-level BPE tokenizer."""
+
+    name: str
+    file_type: int  # a gguf.LlamaFileType
+    context_length: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    rms_eps: float
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[tuple[str, str]]
+    chat_template: str | None
+
+
+def add_llama_header(writer: Any, header: LlamaHeader) -> None:
+    """Write `header` into a `gguf.GGUFWriter`: the shape, the tokenizer (BOS <|endoftext|>,
+    EOS <|im_end|>, no BOS added) and the chat template, so every generated model is one
+    llama.cpp loads and the adapter's label checks accept."""
+    writer.add_name(header.name)
+    writer.add_file_type(header.file_type)
+    writer.add_context_length(header.context_length)
+    writer.add_embedding_length(header.n_embd)
+    writer.add_block_count(header.n_layer)
+    writer.add_feed_forward_length(header.n_ff)
+    writer.add_head_count(header.n_head)
+    writer.add_head_count_kv(header.n_head_kv)
+    writer.add_rope_dimension_count(header.n_embd // header.n_head)
+    writer.add_layer_norm_rms_eps(header.rms_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(header.tokens)
+    writer.add_token_types(header.token_types)
+    writer.add_token_merges([f"{left} {right}" for left, right in header.merges])
+    writer.add_bos_token_id(header.tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(header.tokens.index("<|im_end|>"))
+    writer.add_add_bos_token(False)
+    if header.chat_template is not None:
+        writer.add_chat_template(header.chat_template)
 
 
 def write_tiny_gguf(
@@ -73,26 +120,24 @@ def write_tiny_gguf(
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny-random-llama")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_context_length(context_length)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head)
-    writer.add_rope_dimension_count(n_embd // n_head)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(token_types)
-    writer.add_token_merges([f"{left} {right}" for left, right in merges])
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    add_llama_header(
+        writer,
+        LlamaHeader(
+            name="tiny-random-llama",
+            file_type=gguf.LlamaFileType.ALL_F32,
+            context_length=context_length,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_ff=n_ff,
+            n_head=n_head,
+            n_head_kv=n_head,
+            rms_eps=1e-5,
+            tokens=tokens,
+            token_types=token_types,
+            merges=merges,
+            chat_template=chat_template,
+        ),
+    )
 
     writer.add_tensor("token_embd.weight", weights(n_vocab, n_embd))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))

@@ -25,7 +25,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from model_build.tiny_gguf import CHAT_TEMPLATE, SPECIAL_TOKENS, byte_level_alphabet
+from model_build.tiny_gguf import (
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    LlamaHeader,
+    add_llama_header,
+    byte_level_alphabet,
+)
 
 _LOWER = string.ascii_lowercase
 MERGES = (
@@ -118,25 +124,24 @@ def write_model(path: Path, shape: Shape, *, seed: int = 0) -> Path:
 
     tokens, types = vocabulary(shape.n_vocab)
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("semif-gpu-check-random-llama")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_context_length(shape.context_length)
-    writer.add_embedding_length(shape.n_embd)
-    writer.add_block_count(shape.n_layer)
-    writer.add_feed_forward_length(shape.n_ff)
-    writer.add_head_count(shape.n_head)
-    writer.add_head_count_kv(shape.n_head_kv)
-    writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges([f"{left} {right}" for left, right in MERGES])
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    add_llama_header(
+        writer,
+        LlamaHeader(
+            name="semif-gpu-check-random-llama",
+            file_type=gguf.LlamaFileType.MOSTLY_F16,
+            context_length=shape.context_length,
+            n_embd=shape.n_embd,
+            n_layer=shape.n_layer,
+            n_ff=shape.n_ff,
+            n_head=shape.n_head,
+            n_head_kv=shape.n_head_kv,
+            rms_eps=1e-6,
+            tokens=tokens,
+            token_types=types,
+            merges=list(MERGES),
+            chat_template=CHAT_TEMPLATE,
+        ),
+    )
     for name, dims in shape.tensors():
         dtype = np.dtype(np.float32 if len(dims) == 1 else np.float16)
         writer.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
