@@ -1,4 +1,7 @@
-"""The model artifact bucket: KMS-encrypted, TLS-only, versioned, access-logged."""
+"""The model artifact bucket: KMS-encrypted, TLS-only, versioned, access-logged.
+
+Its key is the environment's key: it also encrypts every log group and the alarm topic.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from cdk_constructs.build_project import allow_log_encryption
 from cdk_constructs.nag import acknowledge
 
 NONCURRENT_VERSION_DAYS = 30
@@ -32,6 +36,7 @@ class ArtifactBucket(Construct):
             enable_key_rotation=True,
             removal_policy=removal_policy,
         )
+        allow_log_encryption(self.key)  # every log group of the environment uses this key
         self.access_logs = s3.Bucket(
             self,
             "AccessLogs",

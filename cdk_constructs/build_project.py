@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from aws_cdk import Duration, IgnoreMode, RemovalPolicy
+from aws_cdk import ArnFormat, Duration, IgnoreMode, RemovalPolicy, Stack
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -18,7 +18,9 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 BUILD_IMAGE = codebuild.LinuxBuildImage.AMAZON_LINUX_2023_5
-GPU_ENVIRONMENT_TYPE = "LINUX_GPU_CONTAINER"
+# CodeBuild's smallest queued timeout. A build waits at most this long for a host, then runs
+# at most its own timeout: together they end before the deploy-time waiter gives up.
+QUEUED_TIMEOUT = Duration.minutes(5)
 
 
 class RepoSource(Construct):
@@ -46,7 +48,14 @@ class RepoSource(Construct):
 
 
 class BuildProject(Construct):
-    """A KMS-encrypted CodeBuild project reading `source`, logging to its own log group."""
+    """A KMS-encrypted CodeBuild project reading `source`, logging to its own log group.
+
+    The log group is encrypted with `encryption_key` too (its key policy must allow the
+    CloudWatch Logs service: `allow_log_encryption`). `buildspec` is a path inside `source`,
+    or an inline `codebuild.BuildSpec` for a project that needs no source. Every build host
+    is an ordinary Linux container host (no GPU); a `docker_cache` project keeps Docker
+    layers in CodeBuild's local cache between builds on the same host.
+    """
 
     def __init__(
         self,
@@ -54,27 +63,43 @@ class BuildProject(Construct):
         construct_id: str,
         *,
         description: str,
-        source: RepoSource,
-        buildspec_path: str,
+        source: RepoSource | None,
+        buildspec: str | codebuild.BuildSpec,
         environment_variables: Mapping[str, str],
         encryption_key: kms.IKey,
         compute_type: codebuild.ComputeType,
         timeout: Duration,
         removal_policy: RemovalPolicy,
         privileged: bool = False,
-        gpu: bool = False,
+        docker_cache: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         self.log_group = logs.LogGroup(
             self,
             "Logs",
             retention=logs.RetentionDays.THREE_MONTHS,
+            encryption_key=encryption_key,
             removal_policy=removal_policy,
         )
+        stack = Stack.of(self)
         self.role = iam.Role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
+            # Confused-deputy guard: only CodeBuild projects of this account and region.
+            assumed_by=iam.ServicePrincipal(
+                "codebuild.amazonaws.com",
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {
+                        "aws:SourceArn": stack.format_arn(
+                            service="codebuild",
+                            resource="project",
+                            resource_name="*",
+                            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+                        )
+                    },
+                },
+            ),
             description=description,
         )
         self.project = codebuild.Project(
@@ -82,8 +107,12 @@ class BuildProject(Construct):
             "Project",
             description=description,
             role=self.role.without_policy_updates(),
-            source=codebuild.Source.s3(bucket=source.asset.bucket, path=source.asset.s3_object_key),
-            build_spec=codebuild.BuildSpec.from_source_filename(buildspec_path),
+            source=None
+            if source is None
+            else codebuild.Source.s3(bucket=source.asset.bucket, path=source.asset.s3_object_key),
+            build_spec=codebuild.BuildSpec.from_source_filename(buildspec)
+            if isinstance(buildspec, str)
+            else buildspec,
             environment=codebuild.BuildEnvironment(
                 build_image=BUILD_IMAGE, compute_type=compute_type, privileged=privileged
             ),
@@ -96,19 +125,20 @@ class BuildProject(Construct):
                 cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=self.log_group)
             ),
             timeout=timeout,
+            queued_timeout=QUEUED_TIMEOUT,
+            cache=codebuild.Cache.local(codebuild.LocalCacheMode.DOCKER_LAYER)
+            if docker_cache
+            else None,
             grant_report_group_permissions=False,
         )
-        if gpu:
-            cfn_project = self.project.node.default_child
-            assert isinstance(cfn_project, codebuild.CfnProject)
-            cfn_project.add_property_override("Environment.Type", GPU_ENVIRONMENT_TYPE)
         # The build must not start before its permissions exist.
         self.project.node.add_dependency(self.role)
         self.allow(["logs:CreateLogStream", "logs:PutLogEvents"], [self.log_group.log_group_arn])
-        self.allow(
-            ["s3:GetObject", "s3:GetObjectVersion"],
-            [source.asset.bucket.arn_for_objects(source.asset.s3_object_key)],
-        )
+        if source is not None:
+            self.allow(
+                ["s3:GetObject", "s3:GetObjectVersion"],
+                [source.asset.bucket.arn_for_objects(source.asset.s3_object_key)],
+            )
         self.allow(["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"], [encryption_key.key_arn])
 
     def allow(self, actions: Sequence[str], resources: Sequence[str]) -> None:
@@ -116,3 +146,34 @@ class BuildProject(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(actions=list(actions), resources=list(resources))
         )
+
+
+def allow_log_encryption(key: kms.Key) -> None:
+    """Let CloudWatch Logs use `key` for log groups of this account and region only."""
+    stack = Stack.of(key)
+    key.add_to_resource_policy(
+        iam.PolicyStatement(
+            sid="CloudWatchLogsEncryption",
+            principals=[iam.ServicePrincipal(f"logs.{stack.region}.{stack.url_suffix}")],
+            actions=[
+                "kms:Decrypt",
+                "kms:DescribeKey",
+                "kms:Encrypt",
+                "kms:GenerateDataKey",
+                "kms:GenerateDataKeyWithoutPlaintext",
+                "kms:ReEncryptFrom",
+                "kms:ReEncryptTo",
+            ],
+            resources=["*"],
+            conditions={
+                "ArnLike": {
+                    "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
+                        service="logs",
+                        resource="log-group",
+                        resource_name="*",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                }
+            },
+        )
+    )

@@ -1,9 +1,10 @@
 """Run a CodeBuild project during `cdk deploy` and wait for it (cdklabs/deploy-time-build).
 
 A custom resource backed by the CDK Provider framework: `on_event` starts the build,
-`is_complete` polls it every 30 s. The framework's 50-minute total timeout and the
-projects' 45-minute build timeouts keep every deploy well inside CloudFormation's one-hour
-custom-resource limit; a failed build fails the deploy with its log link as the reason.
+`is_complete` polls it every 30 s. A build waits at most 5 minutes in CodeBuild's queue
+(`QUEUED_TIMEOUT`) and runs at most 40 (`MAX_BUILD_TIMEOUT`), so it always ends before the
+framework's 50-minute total timeout, itself inside CloudFormation's one-hour custom-resource
+limit; a failed build fails the deploy with its log link as the reason.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from aws_cdk import CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -25,8 +27,9 @@ from cdk_constructs.nag import acknowledge
 HANDLER_DIR = Path(__file__).parent / "build_waiter"
 POLL_INTERVAL = Duration.seconds(30)
 TOTAL_TIMEOUT = Duration.minutes(50)
-# Builds must end before the waiter gives up, so the deploy reports the build's own result.
-MAX_BUILD_TIMEOUT = Duration.minutes(45)
+# Builds must end before the waiter gives up, so the deploy reports the build's own result:
+# queued (build_project.QUEUED_TIMEOUT, 5 min) + build (40 min) + one poll < 50 min.
+MAX_BUILD_TIMEOUT = Duration.minutes(40)
 RESOURCE_TYPE = "Custom::DeployTimeBuild"
 
 
@@ -36,20 +39,22 @@ class BuildWaiter(Construct):
     SINGLETON_ID = "DeployTimeBuildWaiter"
 
     @classmethod
-    def of(cls, scope: Construct) -> BuildWaiter:
+    def of(cls, scope: Construct, log_key: kms.IKey) -> BuildWaiter:
         stack = Stack.of(scope)
         existing = stack.node.try_find_child(cls.SINGLETON_ID)
         if isinstance(existing, BuildWaiter):
             return existing
-        return cls(stack, cls.SINGLETON_ID)
+        return cls(stack, cls.SINGLETON_ID, log_key=log_key)
 
-    def __init__(self, scope: Construct, construct_id: str) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, log_key: kms.IKey) -> None:
         super().__init__(scope, construct_id)
-        # Logs of the deploy machinery itself: removed with the stack in every environment.
+        # Logs of the deploy machinery itself: removed with the stack in every environment,
+        # encrypted with the environment's key (whose policy admits CloudWatch Logs).
         log_group = logs.LogGroup(
             self,
             "Logs",
             retention=logs.RetentionDays.ONE_MONTH,
+            encryption_key=log_key,
             removal_policy=RemovalPolicy.DESTROY,
         )
         self.role = iam.Role(
@@ -105,6 +110,7 @@ class BuildWaiter(Construct):
                     self,
                     "WaiterLogs",
                     retention=logs.RetentionDays.ONE_MONTH,
+                    encryption_key=log_key,
                     removal_policy=RemovalPolicy.DESTROY,
                 ),
                 level=sfn.LogLevel.ALL,
@@ -176,10 +182,11 @@ class DeployTimeBuild(Construct):
         *,
         project: codebuild.IProject,
         trigger: str,
+        log_key: kms.IKey,
         output_variables: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, construct_id)
-        waiter = BuildWaiter.of(self)
+        waiter = BuildWaiter.of(self, log_key)
         waiter.allow_project(project)
         self._outputs = tuple(output_variables)
         self.resource = CustomResource(

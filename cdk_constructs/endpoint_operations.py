@@ -1,4 +1,9 @@
-"""What keeps an endpoint healthy once deployed: target-tracking scaling and alarms."""
+"""What keeps an endpoint healthy once deployed: target-tracking scaling and alarms.
+
+Every alarm notifies the environment's topic when it fires and when it clears. The alarms
+name the endpoint by its fixed name, so they exist before it: the 5XX and latency alarms
+are the endpoint's automatic-rollback alarms during a blue/green update.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,11 @@ from dataclasses import dataclass
 from aws_cdk import Duration
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
+from cdk_constructs.sagemaker_endpoint import VARIANT_NAME, SageMakerEndpoint
 from cdk_constructs.validation import require
 
 
@@ -51,6 +58,7 @@ class AlarmThresholds:
     p95_model_latency_ms: int = 2000
     max_memory_utilization_percent: float = 90.0
     max_disk_utilization_percent: float = 90.0
+    max_gpu_memory_utilization_percent: float = 90.0  # GPU placements only
 
     def __post_init__(self) -> None:
         require(
@@ -61,7 +69,11 @@ class AlarmThresholds:
             self.p95_model_latency_ms > 0,
             f"alarms.p95_model_latency_ms: {self.p95_model_latency_ms} must be > 0",
         )
-        for name in ("max_memory_utilization_percent", "max_disk_utilization_percent"):
+        for name in (
+            "max_memory_utilization_percent",
+            "max_disk_utilization_percent",
+            "max_gpu_memory_utilization_percent",
+        ):
             value = getattr(self, name)
             require(0 < value <= 100, f"alarms.{name}: {value} is outside (0, 100]")
 
@@ -101,6 +113,12 @@ class EndpointAutoscaling(Construct):
             min_capacity=settings.min_capacity,
             max_capacity=settings.max_capacity,
         )
+        # Application Auto Scaling uses its service-linked role for SageMaker; the role the
+        # L2 construct creates would be unused, so it is removed.
+        cfn_target = self.target.node.default_child
+        assert isinstance(cfn_target, appscaling.CfnScalableTarget)
+        cfn_target.add_property_deletion_override("RoleARN")
+        self.target.node.try_remove_child("Role")
         # The variant must exist before Application Auto Scaling can register it.
         self.target.node.add_dependency(endpoint.endpoint)
         self.target.scale_to_track_metric(
@@ -113,11 +131,13 @@ class EndpointAutoscaling(Construct):
 
 
 class EndpointAlarms(Construct):
-    """5XX rate, p95 model latency and instance health (memory, disk) for one variant.
+    """5XX rate, p95 model latency and instance health (memory, disk, and GPU memory on GPU
+    placements) for one variant, each with alarm and OK actions on `topic`.
 
     With GPU instance pools SageMaker adds an `InstanceType` dimension, so the alarms are
     repeated for each pool type next to the variant-wide set; the types not chosen stay
-    without data, which counts as not breaching.
+    without data, which counts as not breaching. `rollback_alarms` are the 5XX and latency
+    alarms, for the endpoint's blue/green auto-rollback.
     """
 
     def __init__(
@@ -125,20 +145,25 @@ class EndpointAlarms(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        endpoint: SageMakerEndpoint,
+        endpoint_name: str,
         thresholds: AlarmThresholds,
+        topic: sns.ITopic,
+        gpu: bool = False,
         instance_types: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, construct_id)
         self.alarms: list[cloudwatch.Alarm] = []
-        base = {"EndpointName": endpoint.endpoint_name, "VariantName": endpoint.variant_name}
+        self.rollback_alarms: list[cloudwatch.Alarm] = []
+        base = {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}
         for instance_type in (None, *instance_types):
             dimensions = base if instance_type is None else {**base, "InstanceType": instance_type}
             label = "" if instance_type is None else f" on {instance_type}"
             prefix = "Variant" if instance_type is None else instance_type.replace(".", "")
-            self.alarms += self._alarm_set(prefix, label, dimensions, thresholds)
+            self.alarms += self._alarm_set(prefix, label, dimensions, thresholds, gpu)
+        action = cloudwatch_actions.SnsAction(topic)
         for alarm in self.alarms:
-            alarm.node.add_dependency(endpoint.endpoint)
+            alarm.add_alarm_action(action)
+            alarm.add_ok_action(action)
 
     def _alarm_set(
         self,
@@ -146,6 +171,7 @@ class EndpointAlarms(Construct):
         label: str,
         dimensions: dict[str, str],
         thresholds: AlarmThresholds,
+        gpu: bool,
     ) -> list[cloudwatch.Alarm]:
         def metric(namespace: str, name: str, statistic: str) -> cloudwatch.Metric:
             return cloudwatch.Metric(
@@ -186,7 +212,16 @@ class EndpointAlarms(Construct):
                 thresholds.max_disk_utilization_percent,
             ),
         ]
-        return [
+        if gpu:
+            checks.append(
+                (
+                    "GpuMemory",
+                    "instance GPUMemoryUtilization (%)",
+                    metric(INSTANCE_NAMESPACE, "GPUMemoryUtilization", "Maximum"),
+                    thresholds.max_gpu_memory_utilization_percent,
+                )
+            )
+        alarms = [
             cloudwatch.Alarm(
                 self,
                 f"{prefix}{name}",
@@ -200,3 +235,5 @@ class EndpointAlarms(Construct):
             )
             for name, description, alarm_metric, threshold in checks
         ]
+        self.rollback_alarms += alarms[:2]  # 5XX rate and latency
+        return alarms

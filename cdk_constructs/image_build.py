@@ -12,6 +12,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from cdk_constructs.build_project import BuildProject, RepoSource
+from cdk_constructs.container_image import DIGEST_ATTRIBUTE
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT
 from cdk_constructs.nag import acknowledge
 from cdk_constructs.validation import require_digest_image
@@ -21,18 +22,38 @@ BUILDSPEC = "images/buildspec.yml"
 # client, a benchmark or a lint rule does not rebuild the image or replace the endpoint.
 SOURCE_PATHS = ("images", "adapter", "model_build")
 IMAGE_URI_VARIABLE = "IMAGE_URI"
+IMAGE_DIGEST_VARIABLE = DIGEST_ATTRIBUTE  # `sha256:<64 hex>`, checked by the buildspec
 
 
 class ImageFlavor(enum.Enum):
-    """CPU or CUDA child image: its Dockerfile and the ggml backend its smoke test expects."""
+    """CPU or CUDA child image: its Dockerfile, the ggml backend the image serves with, and
+    what its smoke test on an ordinary (GPU-less) CodeBuild host checks.
 
-    CPU = ("cpu", "images/Dockerfile", "CPU")
-    CUDA = ("cuda", "images/Dockerfile.gpu", "CUDA")
+    Both flavors are smoke-tested with the CPU backend, against the image's own libllama
+    (binding/ABI match, shared-state path); the CUDA image must also contain the CUDA
+    backend library. Whether it loads on a GPU is checked where a GPU exists: the adapter
+    refuses to start when GPU layers are asked for and no GPU backend loads, and the
+    post-deploy check invokes the endpoint.
+    """
 
-    def __init__(self, label: str, dockerfile: str, backend: str) -> None:
+    CPU = ("cpu", "images/Dockerfile", "CPU", "", "/opt/llama.cpp/bin/libggml-cpu*.so")
+    CUDA = (
+        "cuda",
+        "images/Dockerfile.gpu",
+        "CUDA",
+        "SEMIF_N_GPU_LAYERS=0",
+        "/opt/llama.cpp/bin/libggml-cuda*.so",
+    )
+
+    def __init__(
+        self, label: str, dockerfile: str, backend: str, smoke_env: str, backend_library: str
+    ) -> None:
         self.label = label
         self.dockerfile = dockerfile
         self.backend = backend
+        self.smoke_backend = "CPU"
+        self.smoke_env = smoke_env
+        self.backend_library = backend_library
 
     @property
     def gpu(self) -> bool:
@@ -78,6 +99,10 @@ class ImageBuildProject(Construct):
     """Build one flavor FROM its digest-pinned DLC, smoke-test it, push it, export its digest.
 
     The tag is a hash of the inputs, so an unchanged input set reuses the pushed image.
+    `base_image` is the published pin (`public.ecr.aws/...@sha256:...`: it names the
+    inputs); `base_pull_uri` is where the build pulls that same digest from, this project's
+    own mirror in private ECR (authenticated, no anonymous ECR Public rate limit), readable
+    through `base_repository`.
     """
 
     def __init__(
@@ -87,6 +112,8 @@ class ImageBuildProject(Construct):
         *,
         flavor: ImageFlavor,
         base_image: str,
+        base_pull_uri: str,
+        base_repository: ecr.IRepository,
         source: RepoSource,
         repository: ecr.IRepository,
         encryption_key: kms.IKey,
@@ -94,27 +121,29 @@ class ImageBuildProject(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         require_digest_image(base_image, f"{flavor.label} image build base_image")
+        self.repository = repository
         self.image_tag = image_tag(flavor, source.asset_hash, base_image)
         self.build = BuildProject(
             self,
             "Project",
             description=f"Builds, smoke-tests and pushes the {flavor.label} adapter image",
             source=source,
-            buildspec_path=BUILDSPEC,
+            buildspec=BUILDSPEC,
             environment_variables={
                 "ECR_REPOSITORY_URI": repository.repository_uri,
                 "IMAGE_TAG": self.image_tag,
                 "DOCKERFILE": flavor.dockerfile,
-                "DLC_IMAGE": base_image,
-                "SMOKE_BACKEND": flavor.backend,
-                "SMOKE_GPUS": "all" if flavor.gpu else "",
+                "DLC_IMAGE": base_pull_uri,
+                "SMOKE_BACKEND": flavor.smoke_backend,
+                "SMOKE_ENV": flavor.smoke_env,
+                "SMOKE_REQUIRE_FILE": flavor.backend_library,
             },
             encryption_key=encryption_key,
             compute_type=codebuild.ComputeType.LARGE,
             timeout=MAX_BUILD_TIMEOUT,
             removal_policy=removal_policy,
             privileged=True,
-            gpu=flavor.gpu,
+            docker_cache=True,
         )
         acknowledge(
             self.build.project,
@@ -140,6 +169,10 @@ class ImageBuildProject(Construct):
                 "ecr:UploadLayerPart",
             ],
             [repository.repository_arn],
+        )
+        self.build.allow(
+            ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+            [base_repository.repository_arn],
         )
 
     @property

@@ -62,7 +62,7 @@ class ModelBuild(Construct):
             "Project",
             description=f"Packages {model_uri} into model.tar.gz",
             source=source,
-            buildspec_path=BUILDSPEC,
+            buildspec=BUILDSPEC,
             environment_variables={
                 "MODEL_SOURCE_URI": model_uri,
                 "MODEL_SHA256": model_sha256,
@@ -90,5 +90,6 @@ class ModelBuild(Construct):
             "Build",
             project=self.project.project,
             trigger=trigger,
+            log_key=key,
             output_variables=[ARCHIVE_URI, ARCHIVE_SHA256, GGUF_SHA256],
         )

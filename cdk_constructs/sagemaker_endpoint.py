@@ -3,37 +3,44 @@
 Model and endpoint-config names are left to CloudFormation, so a changed image, artifact
 or setting creates new ones and the endpoint moves to them (then the old ones are deleted).
 The endpoint name is fixed per environment so its log group, alarms and scaling target
-can name it.
+can name it. Updates keep the variant's current instance count and weight
+(`RetainAllVariantProperties`) and roll out blue/green by the typed `Rollout` policy,
+rolling back automatically when one of the endpoint's alarms fires.
 """
 
 from __future__ import annotations
 
+import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aws_cdk import RemovalPolicy, Stack, Token
-from aws_cdk import aws_ecr as ecr
+from aws_cdk import ArnFormat, RemovalPolicy, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
+from cdk_constructs.container_image import EcrImage
 from cdk_constructs.model_artifact import ModelArtifact
-from cdk_constructs.nag import acknowledge
-from cdk_constructs.validation import require, require_digest_image, require_instance_type
+from cdk_constructs.nag import acknowledge, nag_resource
+from cdk_constructs.validation import looks_like_placeholder, require, require_instance_type
 
 VARIANT_NAME = "AllTraffic"
 _MAX_POOLS = 5
 _MIN_PROVISION_TIMEOUT_S = 300
 _MAX_PROVISION_TIMEOUT_S = 3600
-_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
-_SECURITY_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}$")
-# ENI management for VPC-attached models; EC2 offers no resource-level scoping for these.
-VPC_ACTIONS = (
-    "ec2:CreateNetworkInterface",
-    "ec2:CreateNetworkInterfacePermission",
-    "ec2:DeleteNetworkInterface",
+_SUBNET = re.compile(r"^subnet-([0-9a-f]{8}|[0-9a-f]{17})$")
+_SECURITY_GROUP = re.compile(r"^sg-([0-9a-f]{8}|[0-9a-f]{17})$")
+_VPC = re.compile(r"^vpc-([0-9a-f]{8}|[0-9a-f]{17})$")
+# A family with local NVMe instance storage: `d` after the generation (c6id, m5d, r5dn, g4dn).
+_INSTANCE_STORAGE_FAMILY = re.compile(r"^ml\.[a-z]+\d+[a-z]*d[a-z]*\.")
+# ENI actions for VPC-attached models. The Describe* actions and
+# DeleteNetworkInterfacePermission take no resource or condition scoping; the others are
+# limited to ENIs in the configured subnets (`ec2:Subnet`, and `ec2:Vpc` when given).
+VPC_DESCRIBE_ACTIONS = (
     "ec2:DeleteNetworkInterfacePermission",
     "ec2:DescribeDhcpOptions",
     "ec2:DescribeNetworkInterfaces",
@@ -41,16 +48,33 @@ VPC_ACTIONS = (
     "ec2:DescribeSubnets",
     "ec2:DescribeVpcs",
 )
+VPC_ENI_ACTIONS = (
+    "ec2:CreateNetworkInterface",
+    "ec2:CreateNetworkInterfacePermission",
+    "ec2:DeleteNetworkInterface",
+)
+VPC_ACTIONS = (*VPC_DESCRIBE_ACTIONS, *VPC_ENI_ACTIONS)
+# botocore's sagemaker service model: AlarmList max 10; WaitInterval/TerminationWait 0..3600;
+# MaximumExecutionTimeout 600..28800; CapacitySize.Value >= 1.
+MAX_ROLLBACK_ALARMS = 10
+_MAX_WAIT_S = 3600
+_EXECUTION_TIMEOUT_S = (600, 28800)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CpuPlacement:
-    """One fixed CPU instance type; its volume is encrypted with the artifact key."""
+    """One fixed CPU instance type; its volume is encrypted with the artifact key, except on
+    a type with local NVMe instance storage (`*d.*`), where SageMaker rejects a volume key
+    and encrypts the instance storage itself."""
 
     instance_type: str
 
     def __post_init__(self) -> None:
         require_instance_type(self.instance_type, "cpu.instance_type")
+
+    @property
+    def has_instance_storage(self) -> bool:
+        return bool(_INSTANCE_STORAGE_FAMILY.match(self.instance_type))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,10 +116,13 @@ Placement = CpuPlacement | GpuPlacement
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkSettings:
-    """Optional VPC placement for the SageMaker model (subnets + security groups)."""
+    """Optional VPC placement for the SageMaker models (subnets + security groups, and the
+    VPC id that scopes the ENI permissions further). Opt-in: no environment ships ids, and
+    a placeholder id (`subnet-0123456789abcdef0`, `sg-00000000`) is refused."""
 
     subnet_ids: tuple[str, ...]
     security_group_ids: tuple[str, ...]
+    vpc_id: str | None = None
 
     def __post_init__(self) -> None:
         require(bool(self.subnet_ids), "network.subnet_ids: give at least one subnet")
@@ -103,13 +130,114 @@ class NetworkSettings:
             bool(self.security_group_ids),
             "network.security_group_ids: give at least one security group",
         )
-        for subnet in self.subnet_ids:
-            require(bool(_SUBNET.fullmatch(subnet)), f"network.subnet_ids: bad id {subnet!r}")
-        for group in self.security_group_ids:
+        checks = [("subnet_ids", _SUBNET, subnet) for subnet in self.subnet_ids]
+        checks += [("security_group_ids", _SECURITY_GROUP, sg) for sg in self.security_group_ids]
+        if self.vpc_id is not None:
+            checks.append(("vpc_id", _VPC, self.vpc_id))
+        for name, pattern, value in checks:
+            require(bool(pattern.fullmatch(value)), f"network.{name}: bad id {value!r}")
             require(
-                bool(_SECURITY_GROUP.fullmatch(group)),
-                f"network.security_group_ids: bad id {group!r}",
+                not looks_like_placeholder(value.split("-", 1)[1]),
+                f"network.{name}: {value!r} is a placeholder; give your own ids "
+                "(-c subnet_ids=... -c security_group_ids=...) or leave network unset",
             )
+
+
+class TrafficShift(enum.Enum):
+    """How a blue/green update moves traffic (botocore `TrafficRoutingConfigType`)."""
+
+    ALL_AT_ONCE = "ALL_AT_ONCE"
+    CANARY = "CANARY"
+    LINEAR = "LINEAR"
+
+
+class StepUnit(enum.Enum):
+    """What a canary or linear step counts (botocore `CapacitySizeType`)."""
+
+    INSTANCE_COUNT = "INSTANCE_COUNT"
+    CAPACITY_PERCENT = "CAPACITY_PERCENT"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rollout:
+    """The blue/green update policy: traffic shift, baking time, rollback window.
+
+    CANARY moves `step` first, waits `wait_interval_seconds`, then the rest; LINEAR moves
+    `step` at a time. SageMaker's rules: a canary is at most 50 % of the variant's
+    instances, a linear step 10..50 %; an instance-count step is checked against the
+    variant's instance count by `check_capacity`.
+    """
+
+    traffic: TrafficShift = TrafficShift.ALL_AT_ONCE
+    step_unit: StepUnit | None = None
+    step: int | None = None
+    wait_interval_seconds: int = 300
+    termination_wait_seconds: int = 300
+    maximum_execution_timeout_seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        stepped = self.traffic is not TrafficShift.ALL_AT_ONCE
+        require(
+            stepped == (self.step is not None) == (self.step_unit is not None),
+            f"rollout: {self.traffic.value} {'needs' if stepped else 'takes no'} step and "
+            "step_unit",
+        )
+        for name in ("wait_interval_seconds", "termination_wait_seconds"):
+            value = getattr(self, name)
+            require(0 <= value <= _MAX_WAIT_S, f"rollout.{name}: {value} is outside 0..3600")
+        timeout = self.maximum_execution_timeout_seconds
+        low, high = _EXECUTION_TIMEOUT_S
+        require(
+            timeout is None or low <= timeout <= high,
+            f"rollout.maximum_execution_timeout_seconds: {timeout} is outside {low}..{high}",
+        )
+        if self.step is not None and self.step_unit is StepUnit.CAPACITY_PERCENT:
+            low_percent = 10 if self.traffic is TrafficShift.LINEAR else 1
+            require(
+                low_percent <= self.step <= 50,
+                f"rollout.step: {self.step} % is outside {low_percent}..50 for "
+                f"{self.traffic.value}",
+            )
+        require(self.step is None or self.step >= 1, f"rollout.step: {self.step} < 1")
+
+    def check_capacity(self, instance_count: int, what: str) -> None:
+        """An instance-count step must fit the variant (canary <= 50 %, linear 10..50 %)."""
+        if self.step_unit is not StepUnit.INSTANCE_COUNT or self.step is None:
+            return
+        percent = 100 * self.step / instance_count
+        low = 10 if self.traffic is TrafficShift.LINEAR else 0
+        require(
+            low <= percent <= 50,
+            f"{what}: a {self.traffic.value} step of {self.step} instance(s) is {percent:.0f} % "
+            f"of {instance_count}; SageMaker needs {max(low, 1)}..50 %",
+        )
+
+    def deployment_config(
+        self, alarm_names: Sequence[str]
+    ) -> sagemaker.CfnEndpoint.DeploymentConfigProperty:
+        endpoint = sagemaker.CfnEndpoint
+        step = (
+            None
+            if self.step is None or self.step_unit is None
+            else endpoint.CapacitySizeProperty(type=self.step_unit.value, value=self.step)
+        )
+        return endpoint.DeploymentConfigProperty(
+            blue_green_update_policy=endpoint.BlueGreenUpdatePolicyProperty(
+                traffic_routing_configuration=endpoint.TrafficRoutingConfigProperty(
+                    type=self.traffic.value,
+                    wait_interval_in_seconds=self.wait_interval_seconds,
+                    canary_size=step if self.traffic is TrafficShift.CANARY else None,
+                    linear_step_size=step if self.traffic is TrafficShift.LINEAR else None,
+                ),
+                termination_wait_in_seconds=self.termination_wait_seconds,
+                maximum_execution_timeout_in_seconds=self.maximum_execution_timeout_seconds,
+            ),
+            auto_rollback_configuration=endpoint.AutoRollbackConfigProperty(
+                alarms=[endpoint.AlarmProperty(alarm_name=name) for name in alarm_names]
+            )
+            if alarm_names
+            else None,
+        )
 
 
 def endpoint_log_group_name(endpoint_name: str) -> str:
@@ -117,10 +245,14 @@ def endpoint_log_group_name(endpoint_name: str) -> str:
 
 
 class SageMakerEndpoint(Construct):
-    """Serve `image_uri` with the `model` artifact on `placement`.
+    """Serve `image` (private ECR, by digest) with the `model` artifact on `placement`.
 
-    The role may read only that object (decrypting with its key via S3), pull only
-    `repository` (None for a public DLC image) and write only this endpoint's log group.
+    The role may be assumed by SageMaker for this account and region only, may read only
+    the model object (decrypting with its key via S3), pull only the image's repository and
+    write only this endpoint's log group. The log group has the fixed name SageMaker
+    writes to, so it is never retained: a retained one would make the next deploy after a
+    destroy fail with "already exists". `rollback_alarms` (created before the endpoint)
+    roll a failing update back.
     """
 
     def __init__(
@@ -129,37 +261,44 @@ class SageMakerEndpoint(Construct):
         construct_id: str,
         *,
         endpoint_name: str,
-        image_uri: str,
-        repository: ecr.IRepository | None,
+        image: EcrImage,
         model: ModelArtifact,
         environment: Mapping[str, str],
         placement: Placement,
         initial_instance_count: int,
         startup_timeout_seconds: int,
         network: NetworkSettings | None,
-        removal_policy: RemovalPolicy,
+        rollout: Rollout,
+        rollback_alarms: Sequence[cloudwatch.IAlarm],
+        log_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
-        if not Token.is_unresolved(image_uri):  # a build output is checked by its build
-            require_digest_image(image_uri, f"{endpoint_name} image")
+        require(
+            len(rollback_alarms) <= MAX_ROLLBACK_ALARMS,
+            f"{endpoint_name}: {len(rollback_alarms)} rollback alarms; SageMaker takes at "
+            f"most {MAX_ROLLBACK_ALARMS}",
+        )
+        rollout.check_capacity(initial_instance_count, f"{endpoint_name} rollout")
         self.endpoint_name = endpoint_name
         self.variant_name = VARIANT_NAME
-        self.image_uri = image_uri
+        self.image = image
+        self.image_uri = image.uri
         self.log_group = logs.LogGroup(
             self,
             "Logs",
             log_group_name=endpoint_log_group_name(endpoint_name),
             retention=logs.RetentionDays.THREE_MONTHS,
-            removal_policy=removal_policy,
+            encryption_key=log_key,
+            removal_policy=RemovalPolicy.DESTROY,  # fixed name: see the class doc
         )
-        self.role = self._execution_role(repository=repository, model=model, network=network)
+        self.role = self._execution_role(image=image, model=model, network=network)
         self.model = sagemaker.CfnModel(
             self,
             "Model",
             execution_role_arn=self.role.role_arn,
             enable_network_isolation=True,
             primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
-                image=image_uri,
+                image=self.image_uri,
                 model_data_url=model.model_data_url,
                 environment=dict(sorted(environment.items())),
             ),
@@ -179,6 +318,7 @@ class SageMakerEndpoint(Construct):
                 "Network isolation is on: the container has no network at all, so a VPC "
                 "adds nothing; environments that need one set `network` in the config.",
             )
+        volume_key = isinstance(placement, CpuPlacement) and not placement.has_instance_storage
         self.endpoint_config = sagemaker.CfnEndpointConfig(
             self,
             "Config",
@@ -190,35 +330,56 @@ class SageMakerEndpoint(Construct):
                     startup_timeout_seconds=startup_timeout_seconds,
                 )
             ],
-            # Instances with local NVMe storage (every GPU pool type) reject a volume key.
-            kms_key_id=model.key.key_arn if isinstance(placement, CpuPlacement) else None,
+            # Instances with local NVMe storage (every GPU pool type, CPU `*d.*` types)
+            # reject a volume key.
+            kms_key_id=model.key.key_arn if volume_key else None,
         )
-        if isinstance(placement, GpuPlacement):
+        if not volume_key:
             acknowledge(
                 self.endpoint_config,
                 "AwsSolutions-SM2",
-                "GPU pool instances (g4dn/g5/g6/g6e) have NVMe instance storage, which "
-                "SageMaker encrypts itself and for which it rejects KmsKeyId.",
+                "The instance types here (GPU pools g4dn/g5/g6/g6e, or a CPU type with local "
+                "NVMe) have instance storage, which SageMaker encrypts itself and for which "
+                "it rejects KmsKeyId.",
             )
         self.endpoint = sagemaker.CfnEndpoint(
             self,
             "Endpoint",
             endpoint_name=endpoint_name,
             endpoint_config_name=self.endpoint_config.attr_endpoint_config_name,
+            # A deploy keeps the instance count autoscaling chose (and the weight).
+            retain_all_variant_properties=True,
+            deployment_config=rollout.deployment_config(
+                [alarm.alarm_name for alarm in rollback_alarms]
+            ),
         )
         self.endpoint.node.add_dependency(self.log_group)
 
     def _execution_role(
         self,
         *,
-        repository: ecr.IRepository | None,
+        image: EcrImage,
         model: ModelArtifact,
         network: NetworkSettings | None,
     ) -> iam.Role:
+        stack = Stack.of(self)
         role = iam.Role(
             self,
             "ExecutionRole",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            # Confused-deputy guard: only SageMaker acting for this account and region.
+            assumed_by=iam.ServicePrincipal(
+                "sagemaker.amazonaws.com",
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {
+                        "aws:SourceArn": stack.format_arn(
+                            service="sagemaker",
+                            resource="*",
+                            arn_format=ArnFormat.NO_RESOURCE_NAME,
+                        )
+                    },
+                },
+            ),
             description=f"SageMaker execution role of {self.endpoint_name}",
         )
         role.add_to_policy(
@@ -228,9 +389,7 @@ class SageMakerEndpoint(Construct):
             iam.PolicyStatement(
                 actions=["kms:Decrypt"],
                 resources=[model.key.key_arn],
-                conditions={
-                    "StringEquals": {"kms:ViaService": f"s3.{Stack.of(self).region}.amazonaws.com"}
-                },
+                conditions={"StringEquals": {"kms:ViaService": f"s3.{stack.region}.amazonaws.com"}},
             )
         )
         role.add_to_policy(
@@ -239,35 +398,74 @@ class SageMakerEndpoint(Construct):
                 resources=[self.log_group.log_group_arn],
             )
         )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "ecr:BatchCheckLayerAvailability",
+                    "ecr:BatchGetImage",
+                    "ecr:GetDownloadUrlForLayer",
+                ],
+                resources=[image.repository_arn(self)],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"])
+        )
         # Actions AWS offers no resource-level scoping for; each adds its reason.
-        unscoped: list[str] = []
-        if repository is not None:
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    actions=[
-                        "ecr:BatchCheckLayerAvailability",
-                        "ecr:BatchGetImage",
-                        "ecr:GetDownloadUrlForLayer",
-                    ],
-                    resources=[repository.repository_arn],
-                )
-            )
-            role.add_to_policy(
-                iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"])
-            )
-            unscoped.append(
-                "ecr:GetAuthorizationToken has no resource-level permissions (it only issues "
-                "a login token; image pulls are limited to the one adapter repository)"
-            )
+        unscoped = [
+            "ecr:GetAuthorizationToken has no resource-level permissions (it only issues "
+            "a login token; image pulls are limited to the one image repository)"
+        ]
         if network is not None:
-            role.add_to_policy(iam.PolicyStatement(actions=list(VPC_ACTIONS), resources=["*"]))
+            self._allow_network(role, network)
             unscoped.append(
-                "the EC2 ENI actions SageMaker uses to attach the model to the configured "
-                "subnets are not resource-scoped"
+                "the EC2 Describe* actions and DeleteNetworkInterfacePermission SageMaker "
+                "uses to attach the model to the configured subnets take no resource "
+                "scoping; the ENI actions are limited to those subnets by condition"
             )
-        if unscoped:
-            acknowledge(role, "AwsSolutions-IAM5[Resource::*]", "; ".join(unscoped) + ".")
+        acknowledge(role, "AwsSolutions-IAM5[Resource::*]", "; ".join(unscoped) + ".")
         return role
+
+    def _allow_network(self, role: iam.Role, network: NetworkSettings) -> None:
+        stack = Stack.of(self)
+
+        def ec2_arn(resource: str, name: str) -> str:
+            return stack.format_arn(
+                service="ec2",
+                resource=resource,
+                resource_name=name,
+                arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+            )
+
+        role.add_to_policy(iam.PolicyStatement(actions=list(VPC_DESCRIBE_ACTIONS), resources=["*"]))
+        subnets = [ec2_arn("subnet", subnet) for subnet in network.subnet_ids]
+        conditions: dict[str, dict[str, object]] = {"ArnEquals": {"ec2:Subnet": subnets}}
+        if network.vpc_id is not None:
+            conditions["ArnEquals"]["ec2:Vpc"] = ec2_arn("vpc", network.vpc_id)
+        interfaces = ec2_arn("network-interface", "*")
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=list(VPC_ENI_ACTIONS),
+                resources=[interfaces],
+                conditions=conditions,
+            )
+        )
+        acknowledge(
+            role,
+            f"AwsSolutions-IAM5[Resource::{nag_resource(stack, interfaces)}]",
+            "SageMaker creates the model's network interfaces, so their ids are not known; "
+            "the statement is limited to interfaces in the configured subnets (ec2:Subnet, "
+            "ec2:Vpc conditions).",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["ec2:CreateNetworkInterface"],
+                resources=[
+                    *subnets,
+                    *(ec2_arn("security-group", group) for group in network.security_group_ids),
+                ],
+            )
+        )
 
 
 def _production_variant(

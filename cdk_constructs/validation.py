@@ -32,3 +32,18 @@ def require_instance_type(value: str, what: str) -> None:
         bool(_INSTANCE_TYPE.fullmatch(value)),
         f"{what}: {value!r} is not a SageMaker instance type (ml.<family>.<size>)",
     )
+
+
+# Documentation examples and filler: ids no real account has. Refused where a real one is
+# required (`looks_like_placeholder`), so a deploy never targets them.
+_PLACEHOLDER_ACCOUNTS = {"123456789012", "210987654321", "012345678901"}
+_SEQUENCES = ("0123456789abcdef" * 3, "fedcba9876543210" * 3, "0123456789" * 3)
+
+
+def looks_like_placeholder(value: str) -> bool:
+    """An account id or the hex part of a resource id that is a known placeholder: one
+    repeated character (111111111111, subnet-00000000), a run of the sequence 0123..., its
+    reverse, or a documented example account."""
+    if value in _PLACEHOLDER_ACCOUNTS or len(set(value)) <= 1:
+        return True
+    return any(value in sequence for sequence in _SEQUENCES)

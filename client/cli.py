@@ -4,6 +4,7 @@
     semif systemone client/examples/systemone.json --endpoint-name NAME --region REGION
     semif chat "Say hello in French." --url http://127.0.0.1:8080
     semif wait --endpoint-name NAME --region REGION
+    semif check --endpoint-name NAME --region REGION [--probe decision|chat]
 
 Requests come from a JSON file or stdin (`-`); answers print as a table, or as the raw
 JSON with `--json`. Exit codes: 0 answered, 1 the endpoint refused or failed, 2 usage.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +32,25 @@ from client.decision_client import (
 )
 
 TOP_PROBABILITIES = 5
+
+# The post-deploy check's requests: the same bodies the deploy's own check sends
+# (cdk_constructs/endpoint_probe/handler.py; tests/client/test_cli.py keeps them equal).
+DECISION_PROBE: dict[str, Any] = {
+    "decision": {
+        "id": "post-deploy-check",
+        "state": "The customer writes: my invoice shows the same charge twice this month.",
+        "question": "Is this message about billing?",
+        "options": [
+            {"id": "yes", "description": "Yes, it is about billing or payments."},
+            {"id": "no", "description": "No, it is about something else."},
+        ],
+    }
+}
+CHAT_PROBE: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Reply with the single word OK."}],
+    "max_tokens": 8,
+    "temperature": 0,
+}
 
 
 class UsageError(Exception):
@@ -152,7 +173,7 @@ def _chat(args: argparse.Namespace) -> None:
     _emit(args, answer, lambda raw: str(raw["choices"][0]["message"]["content"]))
 
 
-def _wait(args: argparse.Namespace) -> None:
+def _progress() -> Callable[[str], None]:
     shown: list[str] = []
 
     def progress(line: str) -> None:
@@ -160,9 +181,53 @@ def _wait(args: argparse.Namespace) -> None:
             shown.append(line)
             print(line, file=sys.stderr, flush=True)
 
+    return progress
+
+
+def _wait(args: argparse.Namespace) -> None:
     client = _client(args)
-    client.wait_until_ready(args.wait_timeout, progress)
+    client.wait_until_ready(args.wait_timeout, _progress())
     print(f"ready: {client.transport.describe()}")
+
+
+def check_decision_answer(answer: Any) -> str:
+    """The summary of a valid answer to DECISION_PROBE; EndpointError for anything else."""
+    result = answer.get("result") if isinstance(answer, dict) else None
+    expected = [option["id"] for option in DECISION_PROBE["decision"]["options"]]
+    if not isinstance(result, dict) or result.get("option_ids") != expected:
+        raise EndpointError(0, f"the check decision got a wrong answer: {str(answer)[:300]}")
+    probabilities = [float(p) for p in result.get("probabilities", [])]
+    if len(probabilities) != len(expected) or not math.isclose(
+        sum(probabilities), 1.0, abs_tol=1e-3
+    ):
+        raise EndpointError(0, f"probabilities {probabilities} are not a distribution")
+    return "decision " + ", ".join(
+        f"{option}={p:.3f}" for option, p in zip(expected, probabilities, strict=True)
+    )
+
+
+def check_chat_answer(answer: Any) -> str:
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    message = choices[0].get("message") if isinstance(choices, list) and choices else None
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, str):
+        raise EndpointError(0, f"the check chat got no message: {str(answer)[:300]}")
+    return f"chat reply {content.strip()[:40]!r}"
+
+
+CHECKS: dict[str, tuple[dict[str, Any], Callable[[Any], str]]] = {
+    "decision": (DECISION_PROBE, check_decision_answer),
+    "chat": (CHAT_PROBE, check_chat_answer),
+}
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Wait until the endpoint serves, then one real request that must answer right."""
+    client = _client(args)
+    client.wait_until_ready(args.wait_timeout, _progress())
+    body, check = CHECKS[args.probe]
+    summary = check(client.invoke(body))
+    print(f"ok: {client.transport.describe()} answered {summary}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -208,6 +273,17 @@ def _parser() -> argparse.ArgumentParser:
     wait = commands.add_parser("wait", parents=[target], help="wait until the endpoint serves")
     wait.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait")
     wait.set_defaults(run=_wait)
+    check = commands.add_parser(
+        "check", parents=[target], help="wait, then one request that must answer right"
+    )
+    check.add_argument(
+        "--probe",
+        choices=sorted(CHECKS),
+        default="decision",
+        help="decision (the decision endpoint, default) or chat (the standard endpoint)",
+    )
+    check.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait")
+    check.set_defaults(run=_check)
     return parser
 
 

@@ -1,9 +1,13 @@
 """Smoke-test a built adapter image before it is pushed (run by images/buildspec.yml).
 
-Starts the image the way SageMaker does (`docker run IMAGE serve`, model mounted at
-/opt/ml/model), waits for `/ping`, checks the reported ggml backends (a CUDA image must
-report CUDA), scores one decision and one shared-state pair (the path that needs the
-binding's KV-cache sequence API to match the DLC's libllama) and checks the answers.
+Checks that the image's entry point is the adapter's `serve` by absolute path (the base
+image has its own `/usr/bin/serve`) and that a required file is in the image (the CUDA
+backend library of a CUDA image), then starts the image the way SageMaker does
+(`docker run IMAGE serve`, model mounted at /opt/ml/model), waits for `/ping`, checks the
+reported ggml backends, scores one decision and one shared-state pair (the path that needs
+the binding's KV-cache sequence API to match the DLC's libllama) and checks the answers.
+Build hosts have no GPU: both flavors are served with the CPU backend here (a CUDA image
+with `--env SEMIF_N_GPU_LAYERS=0`), which still runs the image's own libllama.
 stdlib only: it runs on the CodeBuild host, not in the image. Exit status 0 means the
 image may be pushed.
 """
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 CONTAINER_PORT = "8080/tcp"
+ENTRYPOINT = ["/opt/semif/bin/serve"]
 DECISION: dict[str, Any] = {
     "decision": {
         "id": "smoke",
@@ -62,12 +67,47 @@ def docker(*args: str) -> str:
     return result.stdout.strip()
 
 
-def start(image: str, model_dir: Path, gpus: str | None) -> str:
+def check_entrypoint(image: str) -> list[str]:
+    entrypoint = json.loads(
+        docker("image", "inspect", "--format", "{{json .Config.Entrypoint}}", image)
+    )
+    if entrypoint != ENTRYPOINT:
+        raise SmokeError(f"entry point is {entrypoint}, not {ENTRYPOINT}")
+    return list(entrypoint)
+
+
+def check_file(image: str, pattern: str) -> str:
+    """The first file inside `image` matching the glob `pattern` (run without the entry point)."""
+    found = docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        image,
+        "-c",
+        "import glob, sys; hits = sorted(glob.glob(sys.argv[1])); print(hits[0] if hits else '')",
+        pattern,
+    )
+    if not found:
+        raise SmokeError(f"no file in the image matches {pattern}")
+    return found
+
+
+def parse_env(text: str) -> list[str]:
+    """`KEY=VALUE KEY2=VALUE2` (space-separated) as `docker run --env` values."""
+    pairs = text.split()
+    for pair in pairs:
+        if "=" not in pair or not pair.split("=", 1)[0]:
+            raise SmokeError(f"--env {pair!r} is not KEY=VALUE")
+    return pairs
+
+
+def start(image: str, model_dir: Path, env: Sequence[str] = ()) -> str:
     """Run detached with the model read-only, port 8080 published on loopback only."""
     args = ["run", "--detach", "--publish", f"127.0.0.1::{CONTAINER_PORT.split('/')[0]}"]
     args += ["--volume", f"{model_dir.resolve()}:/opt/ml/model:ro"]
-    if gpus:
-        args += ["--gpus", gpus]
+    for pair in env:
+        args += ["--env", pair]
     return docker(*args, image, "serve")
 
 
@@ -146,8 +186,17 @@ def check_shared(answer: dict[str, Any]) -> list[str]:
     return [str(result["id"]) for result in results]
 
 
-def smoke(image: str, model_dir: Path, backend: str, gpus: str | None, timeout_s: float) -> None:
-    container = start(image, model_dir, gpus)
+def smoke(
+    image: str,
+    model_dir: Path,
+    backend: str,
+    timeout_s: float,
+    env: Sequence[str] = (),
+    require_file: str = "",
+) -> None:
+    check_entrypoint(image)
+    library = check_file(image, require_file) if require_file else None
+    container = start(image, model_dir, env)
     try:
         url = base_url(container)
         ping = wait_for_ping(url, container, timeout_s)
@@ -160,7 +209,8 @@ def smoke(image: str, model_dir: Path, backend: str, gpus: str | None, timeout_s
         if status != 200:
             raise SmokeError(f"shared /invocations answered {status}: {str(shared)[:300]}")
         check_shared(shared)
-        print(json.dumps({"smoke": "passed", "backends": backends, "probabilities": probabilities}))
+        report = {"smoke": "passed", "backends": backends, "probabilities": probabilities}
+        print(json.dumps({**report, "required_file": library}))
     except SmokeError:
         print(docker("logs", "--tail", "200", container), file=sys.stderr)
         raise
@@ -173,11 +223,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--image", required=True)
     parser.add_argument("--model-dir", type=Path, required=True, help="holds one tiny .gguf")
     parser.add_argument("--backend", required=True, help="ggml backend /ping must report")
-    parser.add_argument("--gpus", default="", help="docker --gpus value; empty for CPU")
+    parser.add_argument("--env", default="", help="KEY=VALUE ... passed to the container")
+    parser.add_argument("--require-file", default="", help="a glob that must match in the image")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /ping")
     args = parser.parse_args(argv)
     try:
-        smoke(args.image, args.model_dir, args.backend, args.gpus or None, args.timeout)
+        smoke(
+            args.image,
+            args.model_dir,
+            args.backend,
+            args.timeout,
+            env=parse_env(args.env),
+            require_file=args.require_file,
+        )
     except SmokeError as error:
         print(f"image smoke test failed: {error}", file=sys.stderr)
         return 1

@@ -1,4 +1,5 @@
-"""Artifact stack: the model bucket and the deploy-time model build."""
+"""Artifact stack: the environment's key, the model bucket, the deploy-time model build and the
+alarm topic."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from cdk_constructs.alarm_topic import AlarmTopic
 from cdk_constructs.artifact_bucket import ArtifactBucket
 from cdk_constructs.build_project import RepoSource
 from cdk_constructs.model_artifact import ModelArtifact
@@ -18,7 +21,7 @@ from cdk_constructs.model_build import (
     SOURCE_PATHS,
     ModelBuild,
 )
-from stacks.config import ModelSource
+from stacks.config import AlarmNotifications, ModelSource
 
 
 class ArtifactStack(Stack):
@@ -37,11 +40,20 @@ class ArtifactStack(Stack):
         *,
         repo_root: Path,
         model: ModelSource,
+        notifications: AlarmNotifications,
         removal_policy: RemovalPolicy,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.artifacts = ArtifactBucket(self, "Artifacts", removal_policy=removal_policy)
+        self.alarm_topic: sns.ITopic
+        if notifications.topic_arn is not None:
+            self.alarm_topic = sns.Topic.from_topic_arn(self, "Alarms", notifications.topic_arn)
+        else:
+            self.alarm_topic = AlarmTopic(
+                self, "Alarms", key=self.artifacts.key, email=notifications.email
+            ).topic
+        CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn)
         self.model_build = ModelBuild(
             self,
             "ModelBuild",

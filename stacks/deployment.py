@@ -21,7 +21,7 @@ class Deployment:
     """The stacks of one environment (absent ones are None)."""
 
     artifact: ArtifactStack
-    images: ImagesStack | None
+    images: ImagesStack
     decision: DecisionEndpointStack | None
     standard: StandardEndpointStack | None
 
@@ -38,33 +38,51 @@ def endpoint_name(config: EnvironmentConfig, kind: EndpointKind) -> str:
     return f"semif-{config.name}-{kind.value}"
 
 
+def mirror_repository_name(config: EnvironmentConfig) -> str:
+    """The DLC mirror's fixed ECR repository name (never retained, see DlcMirror)."""
+    return f"semif-{config.name}/llama-cpp-dlc"
+
+
 def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path) -> Deployment:
-    """Create the stacks `config` asks for, wired by typed props only."""
+    """Create the stacks `config` asks for, wired by typed props only.
+
+    `config.account` None makes every stack environment-agnostic in the account (the
+    deploy's credentials decide it); the region is always the config's resolved one.
+    """
     env = cdk.Environment(account=config.account, region=config.region)
     removal = RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY
     artifact = ArtifactStack(
         scope,
         stack_name(config, "artifact"),
         env=env,
-        description=f"semif {config.name}: model bucket and model build",
+        description=f"semif {config.name}: environment key, model bucket, model build, alarm topic",
         repo_root=repo_root,
         model=config.model,
+        notifications=config.notifications,
         removal_policy=removal,
     )
     model = artifact.model_artifact  # what both endpoint stacks serve
-    images = decision = standard = None
+    decision_flavor = None
     if config.deploys(EndpointKind.DECISION):
-        flavor = ImageFlavor.CUDA if config.decision.uses_gpu else ImageFlavor.CPU
-        images = ImagesStack(
-            scope,
-            stack_name(config, "images"),
-            env=env,
-            description=f"semif {config.name}: adapter image repository and build",
-            repo_root=repo_root,
-            flavor=flavor,
-            base_image=config.dlc_images.cuda if flavor.gpu else config.dlc_images.cpu,
-            removal_policy=removal,
-        )
+        decision_flavor = ImageFlavor.CUDA if config.decision.uses_gpu else ImageFlavor.CPU
+    dlc_images = {}
+    if config.deploys(EndpointKind.STANDARD) or decision_flavor is ImageFlavor.CPU:
+        dlc_images[ImageFlavor.CPU.label] = config.dlc_images.cpu
+    if decision_flavor is ImageFlavor.CUDA:
+        dlc_images[ImageFlavor.CUDA.label] = config.dlc_images.cuda
+    images = ImagesStack(
+        scope,
+        stack_name(config, "images"),
+        env=env,
+        description=f"semif {config.name}: DLC mirror, adapter image repository and build",
+        repo_root=repo_root,
+        mirror_repository_name=mirror_repository_name(config),
+        dlc_images=dlc_images,
+        adapter_flavor=decision_flavor,
+        removal_policy=removal,
+    )
+    decision = standard = None
+    if images.image_build is not None:
         decision = DecisionEndpointStack(
             scope,
             stack_name(config, "decision"),
@@ -73,10 +91,9 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
             endpoint_name=endpoint_name(config, EndpointKind.DECISION),
             settings=config.decision,
             image_build=images.image_build,
-            repository=images.repository,
             model=model,
             network=config.network,
-            removal_policy=removal,
+            alarm_topic=artifact.alarm_topic,
         )
     if config.deploys(EndpointKind.STANDARD):
         standard = StandardEndpointStack(
@@ -86,11 +103,13 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
             description=f"semif {config.name}: standard llama.cpp DLC endpoint",
             endpoint_name=endpoint_name(config, EndpointKind.STANDARD),
             settings=config.standard,
-            image_uri=config.dlc_images.cpu,
+            image=images.mirror.image(ImageFlavor.CPU.label),
             model=model,
             network=config.network,
-            removal_policy=removal,
+            alarm_topic=artifact.alarm_topic,
         )
+        # The image is named from pseudo parameters, not imported: wait for the mirror copy.
+        standard.add_stack_dependency(images)
     deployment = Deployment(artifact=artifact, images=images, decision=decision, standard=standard)
     for stack in deployment.stacks:
         for name, value in config.tags.items():

@@ -1,19 +1,28 @@
 """The two endpoint stacks: the decision endpoint (our adapter image) and the standard one.
 
-Both serve the same `model.tar.gz`: the artifact stack's `ModelArtifact`.
+Both serve the same `model.tar.gz` (the artifact stack's `ModelArtifact`), both pull from
+private ECR by digest, both alarm to the environment's topic, roll updates out blue/green
+with automatic rollback on their 5XX and latency alarms, and end every deploy that changes
+them with one real invocation (`EndpointCheck`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, RemovalPolicy, Stack
-from aws_cdk import aws_ecr as ecr
+from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from cdk_constructs.container_image import EcrImage
 from cdk_constructs.deploy_time_build import DeployTimeBuild
+from cdk_constructs.endpoint_check import EndpointCheck, Probe
 from cdk_constructs.endpoint_operations import EndpointAlarms, EndpointAutoscaling
-from cdk_constructs.image_build import IMAGE_URI_VARIABLE, ImageBuildProject
+from cdk_constructs.image_build import (
+    IMAGE_DIGEST_VARIABLE,
+    IMAGE_URI_VARIABLE,
+    ImageBuildProject,
+)
 from cdk_constructs.model_artifact import ModelArtifact
 from cdk_constructs.sagemaker_endpoint import NetworkSettings, SageMakerEndpoint
 from stacks.config import DecisionEndpointSettings, StandardEndpointSettings
@@ -30,10 +39,9 @@ class DecisionEndpointStack(Stack):
         endpoint_name: str,
         settings: DecisionEndpointSettings,
         image_build: ImageBuildProject,
-        repository: ecr.IRepository,
         model: ModelArtifact,
         network: NetworkSettings | None,
-        removal_policy: RemovalPolicy,
+        alarm_topic: sns.ITopic,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -42,35 +50,46 @@ class DecisionEndpointStack(Stack):
             "ImageBuild",
             project=image_build.project,
             trigger=image_build.image_tag,
-            output_variables=[IMAGE_URI_VARIABLE],
+            log_key=model.key,
+            output_variables=[IMAGE_URI_VARIABLE, IMAGE_DIGEST_VARIABLE],
+        )
+        alarms = EndpointAlarms(
+            self,
+            "Alarms",
+            endpoint_name=endpoint_name,
+            thresholds=settings.alarms,
+            topic=alarm_topic,
+            gpu=settings.uses_gpu,
+            instance_types=settings.instance_pools,
         )
         self.endpoint = SageMakerEndpoint(
             self,
             "Decision",
             endpoint_name=endpoint_name,
-            image_uri=self.image.output(IMAGE_URI_VARIABLE),
-            repository=repository,
+            image=EcrImage(
+                repository_name=image_build.repository.repository_name,
+                digest=self.image.output(IMAGE_DIGEST_VARIABLE),
+            ),
             model=model,
             environment=settings.container_environment(),
             placement=settings.placement,
             initial_instance_count=settings.autoscaling.min_capacity,
             startup_timeout_seconds=settings.startup_timeout_seconds,
             network=network,
-            removal_policy=removal_policy,
+            rollout=settings.rollout,
+            rollback_alarms=alarms.rollback_alarms,
+            log_key=model.key,
         )
         EndpointAutoscaling(self, "Scaling", endpoint=self.endpoint, settings=settings.autoscaling)
-        EndpointAlarms(
-            self,
-            "Alarms",
-            endpoint=self.endpoint,
-            thresholds=settings.alarms,
-            instance_types=settings.instance_pools,
+        self.check = EndpointCheck(
+            self, "Check", endpoint=self.endpoint, probe=Probe.DECISION, log_key=model.key
         )
-        _outputs(self, "Decision", self.endpoint)
+        # The build's own IMAGE_URI: the same image, without an output of an import.
+        _outputs(self, "Decision", self.endpoint, self.check, self.image.output(IMAGE_URI_VARIABLE))
 
 
 class StandardEndpointStack(Stack):
-    """The published CPU DLC (chat completions) on one fixed CPU instance."""
+    """The published CPU DLC (chat completions, from the private mirror) on one CPU instance."""
 
     def __init__(
         self,
@@ -79,31 +98,49 @@ class StandardEndpointStack(Stack):
         *,
         endpoint_name: str,
         settings: StandardEndpointSettings,
-        image_uri: str,
+        image: EcrImage,
         model: ModelArtifact,
         network: NetworkSettings | None,
-        removal_policy: RemovalPolicy,
+        alarm_topic: sns.ITopic,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        alarms = EndpointAlarms(
+            self,
+            "Alarms",
+            endpoint_name=endpoint_name,
+            thresholds=settings.alarms,
+            topic=alarm_topic,
+        )
         self.endpoint = SageMakerEndpoint(
             self,
             "Standard",
             endpoint_name=endpoint_name,
-            image_uri=image_uri,
-            repository=None,
+            image=image,
             model=model,
             environment=settings.container_environment(),
             placement=settings.placement,
             initial_instance_count=1,
             startup_timeout_seconds=600,
             network=network,
-            removal_policy=removal_policy,
+            rollout=settings.rollout,
+            rollback_alarms=alarms.rollback_alarms,
+            log_key=model.key,
         )
-        EndpointAlarms(self, "Alarms", endpoint=self.endpoint, thresholds=settings.alarms)
-        _outputs(self, "Standard", self.endpoint)
+        self.check = EndpointCheck(
+            self, "Check", endpoint=self.endpoint, probe=Probe.CHAT, log_key=model.key
+        )
+        _outputs(self, "Standard", self.endpoint, self.check, self.endpoint.image_uri)
 
 
-def _outputs(stack: Stack, kind: str, endpoint: SageMakerEndpoint) -> None:
+def _outputs(
+    stack: Stack, kind: str, endpoint: SageMakerEndpoint, check: EndpointCheck, image_uri: str
+) -> None:
     CfnOutput(stack, f"{kind}EndpointName", value=endpoint.endpoint_name)
-    CfnOutput(stack, f"{kind}ImageUri", value=endpoint.image_uri)
+    CfnOutput(stack, f"{kind}ImageUri", value=image_uri)
+    CfnOutput(
+        stack,
+        f"{kind}CheckResult",
+        value=check.result,
+        description="what the post-deploy invocation answered",
+    )

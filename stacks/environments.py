@@ -1,7 +1,9 @@
 """The environments this app deploys: dev, prod and gpu. Data only; the types are in config.py.
 
 To add an environment, add one `EnvironmentConfig(...)` to `ENVIRONMENTS`; `-c env=NAME`
-then selects it and the tests synthesize it too. Set your own accounts and regions here.
+then selects it and the tests synthesize it too. No environment names an account: the
+deploy targets the account of your credentials (or `-c account=...`), see
+`stacks/targets.py`. Network placement is opt-in (`network=` here, or `-c subnet_ids=...`).
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling, ScalingMetric
-from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement, NetworkSettings
+from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
 from stacks.config import (
+    CANARY_ONE_INSTANCE,
     ConfigError,
     DecisionEndpointSettings,
     DlcImages,
@@ -52,7 +55,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
         for env in (
             EnvironmentConfig(
                 name="dev",
-                account="111111111111",
+                account=None,
                 region="us-east-1",
                 model=SMOLLM2_135M,
                 dlc_images=PUBLISHED_DLC_IMAGES,
@@ -78,7 +81,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
             ),
             EnvironmentConfig(
                 name="prod",
-                account="222222222222",
+                account=None,
                 region="us-east-1",
                 model=QWEN35_4B,
                 dlc_images=PUBLISHED_DLC_IMAGES,
@@ -94,6 +97,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                         target_value=0.8,
                     ),
                     alarms=AlarmThresholds(p95_model_latency_ms=20_000),
+                    rollout=CANARY_ONE_INSTANCE,
                 ),
                 standard=StandardEndpointSettings(
                     placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),
@@ -105,7 +109,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
             ),
             EnvironmentConfig(
                 name="gpu",
-                account="333333333333",
+                account=None,
                 region="us-west-2",
                 model=QWEN35_4B,
                 dlc_images=PUBLISHED_DLC_IMAGES,
@@ -137,10 +141,6 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                 ),
                 retain_data=False,
                 tags={"project": "semif-decision", "environment": "gpu"},
-                network=NetworkSettings(
-                    subnet_ids=("subnet-0123456789abcdef0", "subnet-0fedcba9876543210"),
-                    security_group_ids=("sg-0123456789abcdef0",),
-                ),
             ),
         )
     }

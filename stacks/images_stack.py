@@ -1,7 +1,10 @@
-"""Images stack: the adapter's ECR repository and the CodeBuild project that fills it."""
+"""Images stack: the private ECR mirror of the pinned DLC images (every environment) and, when
+the decision endpoint is deployed, the adapter's ECR repository and the project that fills it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +12,8 @@ from aws_cdk import CfnOutput, RemovalPolicy, Stack
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from cdk_constructs.build_project import RepoSource
+from cdk_constructs.build_project import RepoSource, allow_log_encryption
+from cdk_constructs.dlc_mirror import DlcMirror
 from cdk_constructs.image_build import (
     SOURCE_PATHS,
     ImageBuildProject,
@@ -19,11 +23,12 @@ from cdk_constructs.image_build import (
 
 
 class ImagesStack(Stack):
-    """Long-lived build infrastructure. The build itself is triggered by the decision stack.
+    """Long-lived image infrastructure. The adapter build itself runs in the decision stack.
 
-    Running the build there keeps the ever-changing image digest inside one stack: a
+    Running that build there keeps the ever-changing image digest inside one stack: a
     digest exported from here would be an export CloudFormation refuses to change while
-    another stack imports it.
+    another stack imports it. The DLC copy runs here: its digests are pinned in the config,
+    so the endpoint stacks know them at synth time.
     """
 
     def __init__(
@@ -32,13 +37,13 @@ class ImagesStack(Stack):
         construct_id: str,
         *,
         repo_root: Path,
-        flavor: ImageFlavor,
-        base_image: str,
+        mirror_repository_name: str,
+        dlc_images: Mapping[str, str],
+        adapter_flavor: ImageFlavor | None,
         removal_policy: RemovalPolicy,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        self.repository = ImageRepository(self, "Adapter", removal_policy=removal_policy).repository
         key = kms.Key(
             self,
             "BuildKey",
@@ -46,15 +51,31 @@ class ImagesStack(Stack):
             enable_key_rotation=True,
             removal_policy=removal_policy,
         )
+        allow_log_encryption(key)
+        self.mirror = DlcMirror(
+            self,
+            "DlcMirror",
+            repository_name=mirror_repository_name,
+            images=dlc_images,
+            encryption_key=key,
+            log_key=key,
+        )
+        CfnOutput(self, "DlcMirrorRepositoryUri", value=self.mirror.repository.repository_uri)
+        self.image_build: ImageBuildProject | None = None
+        if adapter_flavor is None:
+            return
+        repository = ImageRepository(self, "Adapter", removal_policy=removal_policy).repository
         self.image_build = ImageBuildProject(
             self,
-            f"{flavor.label.capitalize()}Image",
-            flavor=flavor,
-            base_image=base_image,
+            f"{adapter_flavor.label.capitalize()}Image",
+            flavor=adapter_flavor,
+            base_image=dlc_images[adapter_flavor.label],
+            base_pull_uri=self.mirror.pull_uri(adapter_flavor.label),
+            base_repository=self.mirror.repository,
             source=RepoSource(self, "ImageSource", root=repo_root, include=SOURCE_PATHS),
-            repository=self.repository,
+            repository=repository,
             encryption_key=key,
             removal_policy=removal_policy,
         )
-        CfnOutput(self, "RepositoryUri", value=self.repository.repository_uri)
+        CfnOutput(self, "RepositoryUri", value=repository.repository_uri)
         CfnOutput(self, "ImageBuildProject", value=self.image_build.project.project_name)

@@ -7,6 +7,7 @@ context from cdk.json, as the CLI would pass it (the `synth` fixture); each test
 from __future__ import annotations
 
 import pytest
+from aws_cdk.assertions import Match
 
 from stacks.environments import ENVIRONMENTS
 from tests.cdk.support import ALL_STACKS, Synth, as_list, expected_stacks, resources, statements
@@ -14,6 +15,9 @@ from tests.cdk.support import ALL_STACKS, Synth, as_list, expected_stacks, resou
 # Actions that AWS does not scope by resource; every other statement must name ARNs.
 UNSCOPED_ACTIONS = {
     "ecr:GetAuthorizationToken",
+    # The DLC mirror's authenticated ECR Public pull (login tokens only).
+    "ecr-public:GetAuthorizationToken",
+    "sts:GetServiceBearerToken",
     "ec2:CreateNetworkInterface",
     "ec2:CreateNetworkInterfacePermission",
     "ec2:DeleteNetworkInterface",
@@ -103,21 +107,72 @@ def test_data_removal_policy_follows_the_environment(synth: Synth, env: str, pol
         for logical_id, resource in found.items():
             assert resource["DeletionPolicy"] == policy, logical_id
     images = synth.template(env, "images")
-    images.resource_count_is("AWS::ECR::Repository", 1)
-    images.has_resource(
+    images.resource_count_is("AWS::ECR::Repository", 2)
+    images.has_resource(  # the adapter repository: images an endpoint may roll back to
         "AWS::ECR::Repository",
         {
             "DeletionPolicy": policy,
-            "Properties": {"EmptyOnDelete": policy == "Delete"},
+            "Properties": {"EmptyOnDelete": policy == "Delete", "RepositoryName": Match.absent()},
+        },
+    )
+    images.has_resource(  # the DLC mirror: a fixed name, so never retained
+        "AWS::ECR::Repository",
+        {
+            "DeletionPolicy": "Delete",
+            "Properties": {"EmptyOnDelete": True, "RepositoryName": f"semif-{env}/llama-cpp-dlc"},
         },
     )
     artifact.resource_count_is("Custom::S3AutoDeleteObjects", 2 if policy == "Delete" else 0)
 
 
-def test_dev_removes_every_log_group_on_destroy(synth: Synth) -> None:
+def test_log_groups_follow_the_environment_except_fixed_names(synth: Synth) -> None:
+    """Build logs follow retain_data; machinery logs and the endpoint log groups (the fixed
+    name SageMaker writes to) are removed with the stack everywhere."""
     for name, template in synth.templates.items():
+        config = ENVIRONMENTS[name.split("-")[1]]
         for logical_id, log_group in resources(template, "AWS::Logs::LogGroup"):
-            waiter = logical_id.startswith("DeployTimeBuildWaiter")
-            expected = "Delete" if waiter or name.startswith("semif-dev-") else "Retain"
-            if name.startswith(("semif-dev-", "semif-prod-")):
-                assert log_group["DeletionPolicy"] == expected, (name, logical_id)
+            machinery = logical_id.startswith(("DeployTimeBuildWaiter", "Check", "DlcMirror"))
+            fixed = "LogGroupName" in log_group["Properties"]
+            retained = config.retain_data and not machinery and not fixed
+            expected = "Retain" if retained else "Delete"
+            assert log_group["DeletionPolicy"] == expected, (name, logical_id)
+
+
+# Properties that give a resource a fixed physical name. Such a resource must never be
+# retained: `cdk destroy` would leave it and the next deploy would fail with "already exists".
+PHYSICAL_NAME_PROPERTIES = {
+    "AWS::Logs::LogGroup": "LogGroupName",
+    "AWS::ECR::Repository": "RepositoryName",
+    "AWS::S3::Bucket": "BucketName",
+    "AWS::SNS::Topic": "TopicName",
+    "AWS::KMS::Alias": "AliasName",
+    "AWS::IAM::Role": "RoleName",
+    "AWS::Lambda::Function": "FunctionName",
+    "AWS::CodeBuild::Project": "Name",
+    "AWS::SageMaker::Endpoint": "EndpointName",
+    "AWS::SageMaker::Model": "ModelName",
+    "AWS::SageMaker::EndpointConfig": "EndpointConfigName",
+    "AWS::CloudWatch::Alarm": "AlarmName",
+}
+
+
+@pytest.mark.parametrize("stack", ALL_STACKS)
+def test_no_resource_with_a_fixed_name_is_retained(synth: Synth, stack: str) -> None:
+    for logical_id, resource in synth.templates[stack]["Resources"].items():
+        name_property = PHYSICAL_NAME_PROPERTIES.get(resource["Type"])
+        if name_property and name_property in resource.get("Properties", {}):
+            for policy in ("DeletionPolicy", "UpdateReplacePolicy"):
+                assert resource.get(policy, "Delete") == "Delete", (logical_id, policy)
+
+
+def test_fixed_names_are_unique_per_environment(synth: Synth) -> None:
+    """Two environments in one account and region must not collide on a fixed name."""
+    seen: dict[tuple[str, str], str] = {}
+    for stack, template in synth.templates.items():
+        for logical_id, resource in template["Resources"].items():
+            name_property = PHYSICAL_NAME_PROPERTIES.get(resource["Type"])
+            value = resource.get("Properties", {}).get(name_property or "")
+            if isinstance(value, str):
+                key = (resource["Type"], value)
+                assert key not in seen, (stack, logical_id, seen.get(key))
+                seen[key] = f"{stack}/{logical_id}"

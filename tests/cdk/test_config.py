@@ -145,6 +145,6 @@ def test_environment_rules(overrides: dict[str, Any], message: str) -> None:
 
 
 def test_environment_accepts_a_valid_replacement() -> None:
-    config = dataclasses.replace(ENVIRONMENTS["dev"], name="test", account="999999999999")
+    config = dataclasses.replace(ENVIRONMENTS["dev"], name="test", account="498765432107")
     assert isinstance(config, EnvironmentConfig)
-    assert config.account == "999999999999"
+    assert config.account == "498765432107"

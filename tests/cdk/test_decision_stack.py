@@ -67,7 +67,23 @@ def test_decision_model_serves_the_built_digest_with_network_isolation(
             "EnableNetworkIsolation": True,
             "PrimaryContainer": Match.object_like(
                 {
-                    "Image": {"Fn::GetAtt": [build_id, "IMAGE_URI"]},
+                    # <this account>.dkr.ecr.<this region>.<suffix>/<adapter repo>@<built digest>
+                    "Image": {
+                        "Fn::Join": [
+                            "",
+                            [
+                                {"Ref": "AWS::AccountId"},
+                                ".dkr.ecr.",
+                                {"Ref": "AWS::Region"},
+                                ".",
+                                {"Ref": "AWS::URLSuffix"},
+                                "/",
+                                import_value(f"semif-{env}-images", "AdapterRepository"),
+                                "@",
+                                {"Fn::GetAtt": [build_id, "IMAGE_DIGEST"]},
+                            ],
+                        ]
+                    },
                     "ModelDataUrl": _model_data_url(env),
                 }
             ),
@@ -79,7 +95,7 @@ def test_decision_model_serves_the_built_digest_with_network_isolation(
         {
             "Properties": Match.object_like(
                 {
-                    "OutputVariables": ["IMAGE_URI"],
+                    "OutputVariables": ["IMAGE_URI", "IMAGE_DIGEST"],
                     "Trigger": Match.string_like_regexp(r"^(cpu|cuda)-[0-9a-f]{32}$"),
                 }
             )
@@ -188,7 +204,10 @@ def test_decision_endpoint_name_and_outputs(synth: Synth) -> None:
     template.has_resource_properties("AWS::SageMaker::Endpoint", {"EndpointName": name})
     template.has_output("DecisionEndpointName", {"Value": name})
     build_id = logical_id(template.to_json(), "Custom::DeployTimeBuild")
-    template.has_output("DecisionImageUri", {"Value": {"Fn::GetAtt": [build_id, "IMAGE_URI"]}})
+    template.has_output(
+        "DecisionImageUri",
+        {"Value": {"Fn::GetAtt": [build_id, "IMAGE_URI"]}},
+    )
 
 
 def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth: Synth) -> None:
@@ -227,7 +246,17 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
         },
         {
             "Action": Match.array_with(["ecr:BatchGetImage"]),
-            "Resource": import_value("semif-dev-images", "AdapterRepository"),
+            "Resource": {
+                "Fn::Join": [
+                    "",
+                    [
+                        Match.string_like_regexp(r"^arn:aws:ecr:us-east-1:$"),
+                        {"Ref": "AWS::AccountId"},
+                        ":repository/",
+                        import_value("semif-dev-images", "AdapterRepository"),
+                    ],
+                ]
+            },
         },
     ]
     template.has_resource_properties(
@@ -334,7 +363,8 @@ def test_gpu_alarms_repeat_per_pool_instance_type(synth: Synth) -> None:
     placement = ENVIRONMENTS["gpu"].decision.placement
     assert isinstance(placement, GpuPlacement)
     template = synth.template("gpu", "decision")
-    template.resource_count_is("AWS::CloudWatch::Alarm", 4 * (1 + len(placement.instance_pools)))
+    # 5XX, latency, memory, disk and GPU memory, variant-wide and per pool type.
+    template.resource_count_is("AWS::CloudWatch::Alarm", 5 * (1 + len(placement.instance_pools)))
     latency = template.find_resources(
         "AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "ModelLatency"}}
     )

@@ -1,29 +1,46 @@
-"""The images stack: the adapter repository and the image build project of each flavor."""
+"""The images stack: the DLC mirror (every environment), the adapter repository and the image
+build project of each flavor."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import aws_cdk as cdk
 import pytest
+import yaml  # type: ignore[import-untyped]  # PyYAML (via cfn-lint); no stubs pinned
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_kms as kms
-from aws_cdk.assertions import Match
+from aws_cdk.assertions import Capture, Match
 
 import app as cdk_app
-from cdk_constructs.build_project import RepoSource
+from cdk_constructs.build_project import QUEUED_TIMEOUT, RepoSource
+from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT, TOTAL_TIMEOUT
+from cdk_constructs.dlc_mirror import CRANE_VERSION, MIRROR_BUILD_TIMEOUT, mirror_tag
 from cdk_constructs.image_build import SOURCE_PATHS, ImageBuildProject, ImageFlavor, image_tag
 from cdk_constructs.validation import PropsError
+from stacks.deployment import mirror_repository_name
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import Synth, as_list, logical_id, statements
+from tests.cdk.support import Synth, as_list, resources, statements
+
+
+def _repository_id(raw: Mapping[str, Any], *, mirror: bool) -> str:
+    for name, resource in resources(raw, "AWS::ECR::Repository"):
+        if ("RepositoryName" in resource["Properties"]) == mirror:
+            return name
+    raise AssertionError("repository not found")
 
 
 @pytest.mark.parametrize(("env", "flavor"), [("dev", ImageFlavor.CPU), ("gpu", ImageFlavor.CUDA)])
 def test_image_build_project_per_flavor(synth: Synth, env: str, flavor: ImageFlavor) -> None:
     config = ENVIRONMENTS[env]
     template = synth.template(env, "images")
-    template.resource_count_is("AWS::ECR::Repository", 1)
+    raw = template.to_json()
+    template.resource_count_is("AWS::ECR::Repository", 2)
     template.has_resource_properties(
         "AWS::ECR::Repository",
         {
+            "RepositoryName": Match.absent(),
             "ImageTagMutability": "IMMUTABLE",
             "ImageScanningConfiguration": Match.exact({"ScanOnPush": True}),
             # Nothing an endpoint may serve expires: only untagged leftovers do.
@@ -41,18 +58,25 @@ def test_image_build_project_per_flavor(synth: Synth, env: str, flavor: ImageFla
         },
     )
     base = config.dlc_images.cuda if flavor.gpu else config.dlc_images.cpu
-    template.resource_count_is("AWS::CodeBuild::Project", 1)
+    digest = base.rsplit("@", 1)[1]
+    mirror = _repository_id(raw, mirror=True)
+    pull = Capture()
+    template.resource_count_is("AWS::CodeBuild::Project", 2)  # the image build + the DLC copy
     template.has_resource_properties(
         "AWS::CodeBuild::Project",
         {
             "Source": Match.object_like({"BuildSpec": "images/buildspec.yml"}),
+            "Cache": {"Type": "LOCAL", "Modes": ["LOCAL_DOCKER_LAYER_CACHE"]},
+            "QueuedTimeoutInMinutes": QUEUED_TIMEOUT.to_minutes(),
+            "TimeoutInMinutes": MAX_BUILD_TIMEOUT.to_minutes(),
             "Environment": Match.object_like(
                 {
                     "PrivilegedMode": True,
-                    "Type": "LINUX_GPU_CONTAINER" if flavor.gpu else "LINUX_CONTAINER",
+                    # No GPU host: the CUDA image is built and smoke-tested on CPU.
+                    "Type": "LINUX_CONTAINER",
                     "EnvironmentVariables": Match.array_with(
                         [
-                            Match.object_like({"Name": "DLC_IMAGE", "Value": base}),
+                            Match.object_like({"Name": "DLC_IMAGE", "Value": pull}),
                             Match.object_like({"Name": "DOCKERFILE", "Value": flavor.dockerfile}),
                             Match.object_like(
                                 {
@@ -62,13 +86,80 @@ def test_image_build_project_per_flavor(synth: Synth, env: str, flavor: ImageFla
                                     ),
                                 }
                             ),
-                            Match.object_like({"Name": "SMOKE_BACKEND", "Value": flavor.backend}),
+                            Match.object_like({"Name": "SMOKE_BACKEND", "Value": "CPU"}),
+                            Match.object_like({"Name": "SMOKE_ENV", "Value": flavor.smoke_env}),
+                            Match.object_like(
+                                {"Name": "SMOKE_REQUIRE_FILE", "Value": flavor.backend_library}
+                            ),
                         ]
                     ),
                 }
             ),
         },
     )
+    # The base is pulled from the private mirror, by the pinned digest.
+    assert mirror in str(pull.as_object())
+    assert pull.as_object()["Fn::Join"][1][-1] == f"@{digest}"
+
+
+def test_cuda_image_smoke_test_serves_on_cpu_and_requires_the_cuda_library() -> None:
+    assert ImageFlavor.CUDA.smoke_backend == "CPU"
+    assert ImageFlavor.CUDA.smoke_env == "SEMIF_N_GPU_LAYERS=0"
+    assert "libggml-cuda" in ImageFlavor.CUDA.backend_library
+
+
+@pytest.mark.parametrize("env", sorted(ENVIRONMENTS))
+def test_dlc_mirror_copies_the_pinned_digests_it_needs(synth: Synth, env: str) -> None:
+    config = ENVIRONMENTS[env]
+    template = synth.template(env, "images")
+    template.has_resource(
+        "AWS::ECR::Repository",
+        {
+            "DeletionPolicy": "Delete",
+            "Properties": Match.object_like(
+                {
+                    "RepositoryName": mirror_repository_name(config),
+                    "ImageTagMutability": "IMMUTABLE",
+                    "EmptyOnDelete": True,
+                    # Platform manifests of an index are untagged: nothing may expire here.
+                    "LifecyclePolicy": Match.absent(),
+                }
+            ),
+        },
+    )
+    wanted = {"cpu": config.dlc_images.cpu}
+    if config.decision.uses_gpu:
+        wanted["cuda"] = config.dlc_images.cuda
+    pairs = " ".join(f"{mirror_tag(label, ref)}={ref}" for label, ref in sorted(wanted.items()))
+    spec = Capture()
+    template.has_resource_properties(
+        "AWS::CodeBuild::Project",
+        {
+            "Source": {"Type": "NO_SOURCE", "BuildSpec": spec},
+            "TimeoutInMinutes": MIRROR_BUILD_TIMEOUT.to_minutes(),
+            "QueuedTimeoutInMinutes": QUEUED_TIMEOUT.to_minutes(),
+            "Environment": Match.object_like(
+                {
+                    "PrivilegedMode": False,
+                    "EnvironmentVariables": Match.array_with(
+                        [Match.object_like({"Name": "MIRROR_IMAGES", "Value": pairs})]
+                    ),
+                }
+            ),
+        },
+    )
+    buildspec = yaml.safe_load(spec.as_string())
+    script = "\n".join(buildspec["phases"]["build"]["commands"])
+    install = " ".join(buildspec["phases"]["install"]["commands"])
+    assert f"crane@{CRANE_VERSION}" in install
+    assert 'crane copy "${source}"' in script
+    assert '"${copied}" != "${digest}"' in script  # the copy must keep the pinned digest
+    template.resource_count_is("Custom::DeployTimeBuild", 1)
+
+
+def test_builds_end_before_the_waiter_gives_up() -> None:
+    longest = max(MAX_BUILD_TIMEOUT.to_minutes(), MIRROR_BUILD_TIMEOUT.to_minutes())
+    assert QUEUED_TIMEOUT.to_minutes() + longest + 1 < TOTAL_TIMEOUT.to_minutes() < 60
 
 
 def test_image_tag_hashes_every_input() -> None:
@@ -81,38 +172,34 @@ def test_image_tag_hashes_every_input() -> None:
 
 def test_image_build_role_pushes_only_to_its_repository(synth: Synth) -> None:
     raw = synth.raw("dev", "images")
-    repository_arn = {"Fn::GetAtt": [logical_id(raw, "AWS::ECR::Repository"), "Arn"]}
-    push = [s for _, s in statements(raw) if "ecr:PutImage" in as_list(s["Action"])]
-    assert len(push) == 1
-    synth.template("dev", "images").has_resource_properties(
-        "AWS::IAM::Policy",
-        {
-            "PolicyDocument": {
-                "Statement": Match.array_with(
-                    [
-                        Match.object_like(
-                            {
-                                "Action": Match.array_with(["ecr:PutImage"]),
-                                "Resource": repository_arn,
-                            }
-                        )
-                    ]
-                )
-            }
-        },
+    adapter = {"Fn::GetAtt": [_repository_id(raw, mirror=False), "Arn"]}
+    mirror = {"Fn::GetAtt": [_repository_id(raw, mirror=True), "Arn"]}
+    push = [
+        (name, s["Resource"])
+        for name, s in statements(raw)
+        if "ecr:PutImage" in as_list(s["Action"])
+    ]
+    assert sorted(resource["Fn::GetAtt"][0] for _, resource in push) == sorted(
+        [adapter["Fn::GetAtt"][0], mirror["Fn::GetAtt"][0]]
     )
+    for name, resource in push:  # each build pushes to its own repository only
+        expected = mirror if name.startswith("DlcMirror") else adapter
+        assert resource == expected, name
 
 
 def test_image_build_refuses_a_mutable_base_image() -> None:
     stack = cdk.Stack(cdk.App(), "Probe")
+    repository = ecr.Repository(stack, "Repository")
     with pytest.raises(PropsError, match="not digest-pinned"):
         ImageBuildProject(
             stack,
             "CpuImage",
             flavor=ImageFlavor.CPU,
             base_image="public.ecr.aws/deep-learning-containers/llama-cpp:latest",
+            base_pull_uri="unused",
+            base_repository=repository,
             source=RepoSource(stack, "Source", root=cdk_app.REPO_ROOT, include=SOURCE_PATHS),
-            repository=ecr.Repository(stack, "Repository"),
+            repository=repository,
             encryption_key=kms.Key(stack, "Key"),
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )

@@ -14,7 +14,6 @@ from cdk_constructs.sagemaker_endpoint import (
     CpuPlacement,
     GpuPlacement,
     NetworkSettings,
-    SageMakerEndpoint,
 )
 from cdk_constructs.validation import PropsError, require_digest_image
 from stacks.config import DlcImages
@@ -141,24 +140,3 @@ def test_model_artifact_data_url_names_its_bucket_and_key() -> None:
     assert stack.resolve(model.model_data_url) == {
         "Fn::Join": ["", ["s3://", {"Ref": "ArtifactsBucket88671897"}, "/models/x/model.tar.gz"]]
     }
-
-
-def test_endpoint_construct_refuses_a_mutable_image_tag() -> None:
-    stack, artifacts = _artifacts()
-    with pytest.raises(PropsError, match="not digest-pinned"):
-        SageMakerEndpoint(
-            stack,
-            "Standard",
-            endpoint_name="probe",
-            image_uri=MUTABLE_DLC,
-            repository=None,
-            model=ModelArtifact(
-                bucket=artifacts.bucket, key=artifacts.key, object_key="models/x/model.tar.gz"
-            ),
-            environment={},
-            placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),
-            initial_instance_count=1,
-            startup_timeout_seconds=600,
-            network=None,
-            removal_policy=cdk.RemovalPolicy.DESTROY,
-        )

@@ -1,16 +1,32 @@
-"""The standard stack: the published CPU DLC on one instance, and VPC settings of both models."""
+"""The standard stack: the published CPU DLC (from the private mirror) on one instance."""
 
 from __future__ import annotations
+
+import json
 
 from aws_cdk.assertions import Match
 
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import Synth, as_list, statements
+from tests.cdk.support import Synth
 
 
 def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> None:
     config = ENVIRONMENTS["dev"]
     template = synth.template("dev", "standard")
+    digest = config.dlc_images.cpu.rsplit("@", 1)[1]
+    mirrored = {
+        "Fn::Join": [
+            "",
+            [
+                {"Ref": "AWS::AccountId"},
+                ".dkr.ecr.",
+                {"Ref": "AWS::Region"},
+                ".",
+                {"Ref": "AWS::URLSuffix"},
+                f"/semif-dev/llama-cpp-dlc@{digest}",
+            ],
+        ]
+    }
     template.resource_count_is("AWS::SageMaker::Model", 1)
     template.has_resource_properties(
         "AWS::SageMaker::Model",
@@ -18,7 +34,7 @@ def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> N
             "EnableNetworkIsolation": True,
             "PrimaryContainer": Match.object_like(
                 {
-                    "Image": config.dlc_images.cpu,
+                    "Image": mirrored,  # the pinned public digest, copied to private ECR
                     "Environment": Match.exact(
                         {
                             "SM_LLAMA_CPP_CTX_SIZE": str(config.standard.context_size),
@@ -48,27 +64,11 @@ def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> N
     template.has_resource_properties(
         "AWS::SageMaker::Endpoint", {"EndpointName": "semif-dev-standard"}
     )
-    template.has_output("StandardImageUri", {"Value": config.dlc_images.cpu})
-    actions = {a for _, s in statements(template.to_json()) for a in as_list(s["Action"])}
-    assert not any(action.startswith("ecr:") for action in actions)
+    template.has_output("StandardImageUri", {"Value": mirrored})
     template.resource_count_is("AWS::CloudWatch::Alarm", 4)
 
 
-def test_vpc_settings_reach_both_models(synth: Synth) -> None:
-    network = ENVIRONMENTS["gpu"].network
-    assert network is not None
-    for unit in ("decision", "standard"):
-        synth.template("gpu", unit).has_resource_properties(
-            "AWS::SageMaker::Model",
-            {
-                "VpcConfig": Match.exact(
-                    {
-                        "SecurityGroupIds": list(network.security_group_ids),
-                        "Subnets": list(network.subnet_ids),
-                    }
-                )
-            },
-        )
-    synth.template("dev", "standard").has_resource_properties(
-        "AWS::SageMaker::Model", {"VpcConfig": Match.absent()}
-    )
+def test_standard_stack_waits_for_the_mirror(synth: Synth) -> None:
+    manifest = json.loads((synth.outdir / "manifest.json").read_text())
+    dependencies = manifest["artifacts"]["semif-dev-standard"]["dependencies"]
+    assert "semif-dev-images" in dependencies

@@ -127,12 +127,12 @@ def documented_commands() -> list[str]:
 
 def test_the_docs_show_every_command() -> None:
     commands = {line.split()[1] for line in documented_commands()}
-    assert commands == {"decide", "systemone", "chat", "wait"}
+    assert commands == {"decide", "systemone", "chat", "wait", "check"}
 
 
 @pytest.mark.parametrize("line", documented_commands())
 def test_documented_command_runs(url: str, capsys: pytest.CaptureFixture[str], line: str) -> None:
-    if line.startswith("semif wait --endpoint-name"):
+    if line.startswith(("semif wait --endpoint-name", "semif check --endpoint-name")):
         pytest.skip("DescribeEndpoint needs AWS; covered with botocore's Stubber in test_client")
     command, _, stdin_file = line.partition(" < ")
     argv = shlex.split(command)[1:]
@@ -153,4 +153,38 @@ def test_console_script_is_installed() -> None:
     script = Path(sys.executable).with_name("semif")
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    assert "{decide,systemone,chat,wait}" in result.stdout
+    assert "{decide,systemone,chat,wait,check}" in result.stdout
+
+
+def test_check_passes_on_a_serving_endpoint(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "check", "--url", url, "--wait-timeout", "30")
+    assert code == 0, err
+    assert out.startswith(f"ok: {url}") or out.startswith("ok: ")
+    assert "decision yes=" in out
+    code, out, err = run(capsys, "check", "--url", url, "--probe", "chat", "--wait-timeout", "30")
+    assert code == 0, err
+    assert "chat reply" in out
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"result": {"option_ids": ["no", "yes"], "probabilities": [0.5, 0.5]}},
+        {"result": {"option_ids": ["yes", "no"], "probabilities": [0.9, 0.9]}},
+        {"error": "x"},
+    ],
+)
+def test_check_rejects_a_wrong_answer(answer: dict[str, object]) -> None:
+    from client.cli import check_decision_answer
+    from client.decision_client import EndpointError
+
+    with pytest.raises(EndpointError):
+        check_decision_answer(answer)
+
+
+def test_check_sends_what_the_deploy_check_sends() -> None:
+    from cdk_constructs.endpoint_probe import handler
+    from client import cli
+
+    assert cli.DECISION_PROBE == handler.DECISION_PROBE
+    assert cli.CHAT_PROBE == handler.CHAT_PROBE

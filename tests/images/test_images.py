@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +74,45 @@ def test_dockerfile_uses_the_dlc_libraries_and_serve_entry_point(flavor: ImageFl
     assert any(
         "LLAMA_CPP_LIB_PATH=/opt/llama.cpp/bin" in line for line in lines if line.startswith("ENV")
     )
-    assert lines[-1] == 'ENTRYPOINT ["serve"]'
+    # By absolute path: the DLC has its own /usr/bin/serve.
+    assert lines[-1] == f"ENTRYPOINT {json.dumps(image_smoke.ENTRYPOINT)}"
     assert "EXPOSE 8080" in lines
     assert any("import llama_cpp, adapter.serve" in line for line in lines)
+
+
+@pytest.mark.parametrize("flavor", list(ImageFlavor))
+def test_build_fails_unless_serve_is_the_adapter(flavor: ImageFlavor) -> None:
+    (install,) = [
+        line
+        for line in instructions(dockerfile(flavor))
+        if line.startswith("RUN") and "/opt/semif/bin/serve" in line
+    ]
+    # The console script named serve must come from our distribution and point at the adapter,
+    # and the entry point script must import it.
+    assert "e.dist.name == 'semif-adapter'" in install
+    assert "found == ['adapter.serve:main']" in install
+    assert "grep -qx 'from adapter.serve import main' /opt/semif/bin/serve" in install
+    assert install.index("> /opt/semif/bin/serve") < install.index("grep -qx")
+
+
+def test_entry_point_script_runs_the_adapter(tmp_path: Path) -> None:
+    """The script the Dockerfile writes, run here with this Python: it is adapter.serve."""
+    (install,) = [
+        line
+        for line in instructions(dockerfile(ImageFlavor.CPU))
+        if line.startswith("RUN") and "/opt/semif/bin/serve" in line
+    ]
+    template = re.search(r"printf '([^']+)'", install)
+    assert template is not None
+    script = template.group(1).replace("\\n", "\n").replace("%s", sys.executable)
+    path = tmp_path / "serve"
+    path.write_text(script.encode().decode("unicode_escape"))
+    path.chmod(0o755)
+    result = subprocess.run(
+        [str(path), "unexpected-argument"], capture_output=True, text=True, check=False, cwd=REPO
+    )
+    assert result.returncode != 0
+    assert "usage: serve" in result.stderr  # adapter.serve's own usage message
 
 
 @pytest.mark.parametrize("flavor", list(ImageFlavor))
@@ -115,10 +153,13 @@ def build_script(buildspec: dict[str, Any]) -> str:
 
 def test_buildspec_exports_the_digest_pinned_image_uri(buildspec: dict[str, Any]) -> None:
     assert buildspec["version"] == 0.2
-    assert buildspec["env"]["exported-variables"] == ["IMAGE_URI"]
+    assert buildspec["env"]["exported-variables"] == ["IMAGE_URI", "IMAGE_DIGEST"]
     script = build_script(buildspec)
     assert 'export IMAGE_URI="${ECR_REPOSITORY_URI}@${digest}"' in script
-    assert "^sha256:[0-9a-f]{64}$" in script
+    assert 'export IMAGE_DIGEST="${digest}"' in script
+    # The model is built from IMAGE_DIGEST (container_image.DIGEST_ATTRIBUTE): it is checked
+    # before it is exported.
+    assert script.index("^sha256:[0-9a-f]{64}$") < script.index("export IMAGE_DIGEST")
     assert "post_build" not in buildspec["phases"]  # post_build would run after a failure too
 
 
@@ -133,6 +174,9 @@ def test_buildspec_smoke_tests_before_it_pushes(buildspec: dict[str, Any]) -> No
     assert order == sorted(order)
     assert '--build-arg "DLC_IMAGE=${DLC_IMAGE}"' in script
     assert '--backend "${SMOKE_BACKEND}"' in script
+    assert '--env "${SMOKE_ENV:-}"' in script
+    assert '--require-file "${SMOKE_REQUIRE_FILE:-}"' in script
+    assert "--gpus" not in script  # no GPU build host
     assert "set -euo pipefail" in script
 
 
@@ -202,6 +246,10 @@ class FakeDocker:
 
     def __call__(self, *args: str) -> str:
         self.calls.append(args)
+        if args[:2] == ("image", "inspect"):
+            return json.dumps(image_smoke.ENTRYPOINT)
+        if args[0] == "run" and "--rm" in args:
+            return "/opt/llama.cpp/bin/libggml-cuda.so"
         return {"run": "c0ffee", "port": "127.0.0.1:49153", "inspect": "true", "logs": "log"}[
             args[0]
         ]
@@ -228,10 +276,17 @@ def test_main_runs_the_image_like_sagemaker_and_cleans_up(
     monkeypatch.setattr(image_smoke, "request", request)
     monkeypatch.setattr(subprocess, "run", lambda args, **_: removed.append(list(args)))
     status = image_smoke.main(
-        ["--image", "semif-adapter:cpu-x", "--model-dir", str(tmp_path), "--backend", "CPU"]
+        [
+            *("--image", "semif-adapter:cpu-x", "--model-dir", str(tmp_path), "--backend", "CPU"),
+            *("--env", "SEMIF_N_GPU_LAYERS=0"),
+            *("--require-file", "/opt/llama.cpp/bin/libggml-cuda*.so"),
+        ]
     )
     assert status == code
-    run = fake.calls[0]
+    assert fake.calls[0][:2] == ("image", "inspect")
+    assert fake.calls[1][-1] == "/opt/llama.cpp/bin/libggml-cuda*.so"
+    run = fake.calls[2]
+    assert run[run.index("--env") + 1] == "SEMIF_N_GPU_LAYERS=0"
     assert run[-2:] == ("semif-adapter:cpu-x", "serve")
     assert f"{tmp_path.resolve()}:/opt/ml/model:ro" in run
     assert "127.0.0.1::8080" in run

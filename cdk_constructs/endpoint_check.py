@@ -1,0 +1,141 @@
+"""A post-deploy check: one real invocation of the endpoint, or the deploy fails and rolls back.
+
+A custom resource (`Custom::EndpointCheck`, CDK Provider framework, `on_event` only) that
+depends on the endpoint, so it runs once the endpoint is InService, and again whenever the
+endpoint's config or image changes (its properties name them). The handler
+(`endpoint_probe/handler.py`) sends one small decision (option ids `yes`/`no`) or one
+short chat completion and checks the answer.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+from aws_cdk import ArnFormat, Aws, CustomResource, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import custom_resources as cr
+from constructs import Construct
+
+from cdk_constructs.nag import acknowledge
+from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
+
+HANDLER_DIR = Path(__file__).parent / "endpoint_probe"
+RESOURCE_TYPE = "Custom::EndpointCheck"
+HANDLER_TIMEOUT = Duration.minutes(5)
+
+
+class Probe(enum.Enum):
+    """What the check sends (the handler's PROBES)."""
+
+    DECISION = "decision"
+    CHAT = "chat"
+
+
+class EndpointCheck(Construct):
+    """Invoke `endpoint` once after each deploy that changes it; a wrong answer fails it."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        endpoint: SageMakerEndpoint,
+        probe: Probe,
+        log_key: kms.IKey,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        log_group = logs.LogGroup(
+            self,
+            "Logs",
+            retention=logs.RetentionDays.ONE_MONTH,
+            encryption_key=log_key,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        role = iam.Role(
+            self,
+            "HandlerRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"Invokes {endpoint.endpoint_name} once after a deploy",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["sagemaker:InvokeEndpoint"],
+                resources=[
+                    stack.format_arn(
+                        service="sagemaker",
+                        resource="endpoint",
+                        # SageMaker endpoint ARNs carry the name in lower case.
+                        resource_name=endpoint.endpoint_name.lower(),
+                        arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=[Aws.STACK_ID])
+        )
+        framework_role = iam.Role(
+            self,
+            "FrameworkRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="CDK Provider framework function of the endpoint check",
+        )
+        for each in (role, framework_role):
+            each.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                    resources=[log_group.log_group_arn],
+                )
+            )
+        handler = lambda_.Function(
+            self,
+            "Handler",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="handler.on_event",
+            code=lambda_.Code.from_asset(str(HANDLER_DIR), exclude=["__pycache__", "*.pyc"]),
+            role=role,
+            log_group=log_group,
+            timeout=HANDLER_TIMEOUT,
+            memory_size=256,
+        )
+        provider = cr.Provider(
+            self,
+            "Provider",
+            on_event_handler=handler,
+            log_group=log_group,
+            framework_on_event_role=framework_role,
+        )
+        for function in [handler.node.default_child] + [
+            child for child in provider.node.find_all() if isinstance(child, lambda_.CfnFunction)
+        ]:
+            assert isinstance(function, lambda_.CfnFunction)
+            logical_id = stack.resolve(stack.get_logical_id(function))
+            acknowledge(
+                self,
+                f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>:*]",
+                "lambda:InvokeFunction on '<function ARN>:*' is how CDK's grantInvoke covers "
+                "the versions of the one handler function of this check; nothing else matches.",
+            )
+        self.resource = CustomResource(
+            self,
+            "Resource",
+            service_token=provider.service_token,
+            resource_type=RESOURCE_TYPE,
+            properties={
+                "EndpointName": endpoint.endpoint_name,
+                "Probe": probe.value,
+                # A new config (image, model, settings) is a new name: the check runs again.
+                "EndpointConfigName": endpoint.endpoint_config.attr_endpoint_config_name,
+            },
+        )
+        self.resource.node.add_dependency(endpoint.endpoint)
+        self.resource.node.add_dependency(role)
+
+    @property
+    def result(self) -> str:
+        return self.resource.get_att_string("Result")

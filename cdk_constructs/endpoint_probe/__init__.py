@@ -1,0 +1,1 @@
+"""Lambda handler of the post-deploy endpoint check (runs in AWS, not at synth)."""

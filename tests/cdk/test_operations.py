@@ -1,0 +1,216 @@
+"""Safe updates, alarms that reach someone, the post-deploy check, encrypted logs and the
+trust policies, over every environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from stacks.config import AlarmNotifications
+from stacks.environments import ENVIRONMENTS
+from tests.cdk.support import ALL_STACKS, Synth, resources, statements, synthesize_environment
+
+ENDPOINT_STACKS = [name for name in ALL_STACKS if name.endswith(("-decision", "-standard"))]
+
+
+def _env(stack: str) -> str:
+    return stack.split("-")[1]
+
+
+@pytest.mark.parametrize("stack", ENDPOINT_STACKS)
+def test_updates_keep_the_instance_count_and_roll_back_on_alarms(synth: Synth, stack: str) -> None:
+    raw = synth.templates[stack]
+    ((_, endpoint),) = resources(raw, "AWS::SageMaker::Endpoint")
+    props = endpoint["Properties"]
+    assert props["RetainAllVariantProperties"] is True
+    policy = props["DeploymentConfig"]["BlueGreenUpdatePolicy"]
+    settings = ENVIRONMENTS[_env(stack)]
+    rollout = (settings.decision if stack.endswith("decision") else settings.standard).rollout
+    assert policy["TrafficRoutingConfiguration"]["Type"] == rollout.traffic.value
+    alarms = props["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
+    alarm_ids = {alarm["AlarmName"]["Ref"] for alarm in alarms}
+    kinds = {raw["Resources"][i]["Properties"]["AlarmDescription"].split(" ")[0] for i in alarm_ids}
+    assert kinds == {"5XX", "p95"}
+    # The alarms exist before the endpoint: they never depend on it.
+    for alarm_id in alarm_ids:
+        assert "DependsOn" not in raw["Resources"][alarm_id]
+
+
+def test_prod_canaries_one_instance(synth: Synth) -> None:
+    synth.template("prod", "decision").has_resource_properties(
+        "AWS::SageMaker::Endpoint",
+        {
+            "DeploymentConfig": Match.object_like(
+                {
+                    "BlueGreenUpdatePolicy": Match.object_like(
+                        {
+                            "TrafficRoutingConfiguration": {
+                                "Type": "CANARY",
+                                "CanarySize": {"Type": "INSTANCE_COUNT", "Value": 1},
+                                "WaitIntervalInSeconds": 600,
+                            }
+                        }
+                    )
+                }
+            )
+        },
+    )
+
+
+@pytest.mark.parametrize("stack", ENDPOINT_STACKS)
+def test_every_alarm_notifies_the_environment_topic(synth: Synth, stack: str) -> None:
+    topic = {
+        "Fn::ImportValue": Match.string_like_regexp(rf"^semif-{_env(stack)}-artifact:.*Alarms")
+    }
+    template = synth.templates[stack]
+    alarms = list(resources(template, "AWS::CloudWatch::Alarm"))
+    assert alarms
+    matcher = Template.from_json(template)
+    matcher.all_resources_properties(
+        "AWS::CloudWatch::Alarm", {"AlarmActions": [topic], "OKActions": [topic]}
+    )
+
+
+@pytest.mark.parametrize("env", sorted(ENVIRONMENTS))
+def test_the_alarm_topic_is_kms_encrypted_and_open_to_cloudwatch_only(
+    synth: Synth, env: str
+) -> None:
+    template = synth.template(env, "artifact")
+    template.resource_count_is("AWS::SNS::Topic", 1)
+    template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": Match.any_value()})
+    template.has_resource_properties(
+        "AWS::SNS::TopicPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Principal": {"Service": "cloudwatch.amazonaws.com"},
+                                "Action": "sns:Publish",
+                                "Condition": Match.object_like(
+                                    {
+                                        "StringEquals": {
+                                            "aws:SourceAccount": {"Ref": "AWS::AccountId"}
+                                        }
+                                    }
+                                ),
+                            }
+                        )
+                    ]
+                )
+            }
+        },
+    )
+    template.resource_count_is("AWS::SNS::Subscription", 0)
+
+
+def test_alarm_email_and_existing_topic(tmp_path: Path) -> None:
+    dev = ENVIRONMENTS["dev"]
+    emailed = dataclasses.replace(dev, notifications=AlarmNotifications(email="oncall@example.com"))
+    assembly = synthesize_environment(emailed, tmp_path / "email")
+    Template.from_json(
+        assembly.get_stack_by_name("semif-dev-artifact").template
+    ).has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "oncall@example.com"}
+    )
+    arn = "arn:aws:sns:us-east-1:498765432107:platform-alarms"
+    existing = dataclasses.replace(dev, notifications=AlarmNotifications(topic_arn=arn))
+    assembly = synthesize_environment(existing, tmp_path / "topic")
+    artifact = Template.from_json(assembly.get_stack_by_name("semif-dev-artifact").template)
+    artifact.resource_count_is("AWS::SNS::Topic", 0)
+    decision = Template.from_json(assembly.get_stack_by_name("semif-dev-decision").template)
+    decision.all_resources_properties("AWS::CloudWatch::Alarm", {"AlarmActions": [arn]})
+
+
+def test_gpu_placements_alarm_on_gpu_memory(synth: Synth) -> None:
+    gpu = synth.template("gpu", "decision")
+    found = gpu.find_resources(
+        "AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "GPUMemoryUtilization"}}
+    )
+    assert len(found) == 1 + len(ENVIRONMENTS["gpu"].decision.instance_pools)
+    cpu = synth.template("dev", "decision")
+    assert not cpu.find_resources(
+        "AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "GPUMemoryUtilization"}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("stack", "probe"),
+    [(s, "chat" if s.endswith("standard") else "decision") for s in ENDPOINT_STACKS],
+)
+def test_post_deploy_check_invokes_the_endpoint_once_it_exists(
+    synth: Synth, stack: str, probe: str
+) -> None:
+    raw = synth.templates[stack]
+    ((endpoint_id, endpoint),) = resources(raw, "AWS::SageMaker::Endpoint")
+    ((config_id, _),) = resources(raw, "AWS::SageMaker::EndpointConfig")
+    ((_, check),) = resources(raw, "Custom::EndpointCheck")
+    assert endpoint_id in check["DependsOn"]
+    assert check["Properties"]["Probe"] == probe
+    assert check["Properties"]["EndpointName"] == endpoint["Properties"]["EndpointName"]
+    assert check["Properties"]["EndpointConfigName"] == {
+        "Fn::GetAtt": [config_id, "EndpointConfigName"]
+    }
+    invokes = [s for _, s in statements(raw) if s["Action"] == "sagemaker:InvokeEndpoint"]
+    assert len(invokes) == 1
+    name = endpoint["Properties"]["EndpointName"]
+    assert json.dumps(invokes[0]["Resource"]).endswith(f':endpoint/{name}"]]}}')
+
+
+@pytest.mark.parametrize("stack", ALL_STACKS)
+def test_every_log_group_is_encrypted_with_an_environment_key(synth: Synth, stack: str) -> None:
+    for logical_id, log_group in resources(synth.templates[stack], "AWS::Logs::LogGroup"):
+        assert "KmsKeyId" in log_group["Properties"], logical_id
+
+
+@pytest.mark.parametrize("unit", ["artifact", "images"])
+def test_keys_admit_cloudwatch_logs_for_this_account_only(synth: Synth, unit: str) -> None:
+    for _, key in resources(synth.raw("dev", unit), "AWS::KMS::Key"):
+        statements_ = key["Properties"]["KeyPolicy"]["Statement"]
+        logs = [s for s in statements_ if s.get("Sid") == "CloudWatchLogsEncryption"]
+        assert len(logs) == 1
+        assert "kms:EncryptionContext:aws:logs:arn" in logs[0]["Condition"]["ArnLike"]
+
+
+def _trust(raw: dict[str, Any], service: str) -> list[dict[str, Any]]:
+    return [
+        statement
+        for _, role in resources(raw, "AWS::IAM::Role")
+        for statement in role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        if statement["Principal"].get("Service") == service
+    ]
+
+
+@pytest.mark.parametrize(
+    ("unit", "service"),
+    [
+        ("decision", "sagemaker.amazonaws.com"),
+        ("standard", "sagemaker.amazonaws.com"),
+        ("artifact", "codebuild.amazonaws.com"),
+        ("images", "codebuild.amazonaws.com"),
+    ],
+)
+def test_service_trust_has_confused_deputy_conditions(
+    synth: Synth, unit: str, service: str
+) -> None:
+    trusts = _trust(synth.raw("dev", unit), service)
+    assert trusts
+    for trust in trusts:
+        assert trust["Condition"]["StringEquals"] == {
+            "aws:SourceAccount": {"Ref": "AWS::AccountId"}
+        }
+        assert "aws:SourceArn" in trust["Condition"]["ArnLike"]
+
+
+@pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
+def test_scaling_uses_the_service_linked_role(synth: Synth, env: str) -> None:
+    raw = synth.raw(env, "decision")
+    ((_, target),) = resources(raw, "AWS::ApplicationAutoScaling::ScalableTarget")
+    assert "RoleARN" not in target["Properties"]
+    assert not [name for name, _ in resources(raw, "AWS::IAM::Role") if name.startswith("Scaling")]
