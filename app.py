@@ -12,6 +12,7 @@ every SageMaker model image must be a private ECR image pinned by digest.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from cdk_constructs.container_image import PrivateEcrImageRule
+from cdk_constructs.validation import PropsError
 from stacks.deployment import add_environment
 from stacks.environments import select_environments
 from stacks.targets import CONTEXT_KEYS, resolve_target
@@ -40,9 +42,14 @@ def build_app(app: cdk.App, env_name: str, environ: Mapping[str, str] | None = N
 
 
 def main() -> None:
+    """Synthesize; a config error is one line naming the setting, not a traceback."""
     app = cdk.App()
     env_name = app.node.try_get_context("env") or DEFAULT_ENVIRONMENT
-    build_app(app, str(env_name)).synth()
+    try:
+        build_app(app, str(env_name))
+    except PropsError as error:
+        sys.exit(f"app.py: {error}")
+    app.synth()
 
 
 if __name__ == "__main__":

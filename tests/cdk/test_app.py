@@ -6,11 +6,25 @@ context from cdk.json, as the CLI would pass it (the `synth` fixture); each test
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from aws_cdk.assertions import Match
 
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import ALL_STACKS, Synth, as_list, expected_stacks, resources, statements
+from tests.cdk.support import (
+    ALL_STACKS,
+    REPO,
+    Synth,
+    as_list,
+    expected_stacks,
+    resources,
+    statements,
+)
 
 # Actions that AWS does not scope by resource; every other statement must name ARNs.
 UNSCOPED_ACTIONS = {
@@ -176,3 +190,20 @@ def test_fixed_names_are_unique_per_environment(synth: Synth) -> None:
                 key = (resource["Type"], value)
                 assert key not in seen, (stack, logical_id, seen.get(key))
                 seen[key] = f"{stack}/{logical_id}"
+
+
+def test_a_refused_setting_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    context = {"env": "dev", "account": "111111111111", "region": "us-east-1"}
+    done = subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=REPO,
+        env={**os.environ, "CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "!!" not in line and line.strip()]
+    assert errors[-1].startswith("app.py: -c account: '111111111111' is a placeholder")
+    assert "Traceback" not in done.stderr
