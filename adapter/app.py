@@ -5,7 +5,10 @@
 paths for local use (`/v1/systemone`, `/v1/chat/completions`, `/v1/models`, guarded by
 SEMIF_API_KEY when set), and `/endpoints/<name>/invocations` mimics the SageMaker runtime,
 so boto3's `invoke_endpoint` with `endpoint_url` runs unchanged against a local server.
-The lifespan owns the model: it loads it in a worker thread and frees it at exit.
+Outside SageMaker a key guards those two as well (`Settings.guard_invocations`); inside,
+SageMaker's IAM does. /ping is never guarded. Paths match exactly (no slash redirects).
+The lifespan owns the model: it loads it in a worker thread, stops admission and cancels
+in-flight work at shutdown, and frees it at exit.
 """
 
 from __future__ import annotations
@@ -55,12 +58,22 @@ def create_app(
             return json_response(
                 200, {"status": "ok", "model": model.get("file"), "backends": model.get("backends")}
             )
+        if runtime.stopping:
+            return json_response(503, {"status": "stopping", "error": "server is shutting down"})
         error = runtime.error or (runtime.service.health.error if runtime.service else None)
         status = runtime.state if runtime.state != "ready" else "unhealthy"
         return json_response(503, {"status": status, "error": error})
 
+    invocations_key = settings.api_key if settings.guard_invocations else None
+
     async def invocations(request: Request) -> Response:
-        return await answer(request, by_field, max_body_bytes=settings.max_body_bytes)
+        return await answer(
+            request,
+            by_field,
+            max_body_bytes=settings.max_body_bytes,
+            api_key=invocations_key,
+            body_timeout_seconds=settings.body_timeout_seconds,
+        )
 
     async def sagemaker_runtime(request: Request) -> Response:
         return as_sagemaker_runtime(await invocations(request))
@@ -72,6 +85,7 @@ def create_app(
                 lambda body: call_of(handler),
                 max_body_bytes=settings.max_body_bytes,
                 api_key=settings.api_key,
+                body_timeout_seconds=settings.body_timeout_seconds,
             )
 
         return route
@@ -92,15 +106,17 @@ def create_app(
             try:
                 await anyio.to_thread.run_sync(runtime.load)
             except Exception:
-                if on_load_failure is not None:
+                # A load cancelled by shutdown is not a failure to report.
+                if on_load_failure is not None and not runtime.stopping:
                     on_load_failure(runtime.error or "model load failed")
 
         task = asyncio.create_task(load())
         try:
             yield
         finally:
+            runtime.begin_shutdown(settings.shutdown_grace_seconds)
             await task
-            runtime.close()
+            await anyio.to_thread.run_sync(runtime.close)
 
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
@@ -120,5 +136,7 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},
     )
+    # POST /invocations/ is a 404 like any unknown path, not a 307 to /invocations.
+    app.router.redirect_slashes = False
     app.state.runtime = runtime
     return app

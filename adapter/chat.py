@@ -16,9 +16,11 @@ from typing import Any
 
 from adapter.engine import Generation, Sampling
 from adapter.errors import RequestError
+from adapter.fields import member_path
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4
+MAX_SEED = 2**32 - 1  # llama.cpp samplers take a uint32 seed
 _FIELDS = (
     "messages",
     "model",
@@ -103,16 +105,19 @@ def parse_chat_request(body: Mapping[str, Any], max_chat_tokens: int) -> ChatReq
     """Validate the supported subset of the OpenAI chat completions request."""
     for key in body:
         if key not in _FIELDS:
-            raise RequestError(key, f"unsupported field; supported: {', '.join(_FIELDS)}")
+            raise RequestError(
+                member_path("", key), f"unsupported field; supported: {', '.join(_FIELDS)}"
+            )
     if body.get("stream", False) is not False:
         raise RequestError("stream", "streaming is not supported; omit it or send false")
-    if body.get("n", 1) != 1:
-        raise RequestError("n", "only one choice (n=1) is supported")
+    n = body.get("n", 1)
+    if type(n) is not int or n != 1:  # not True, not 1.0
+        raise RequestError("n", "only one choice (n=1, an integer) is supported")
     if "model" in body and not isinstance(body["model"], str):
         raise RequestError("model", "must be a string")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise RequestError("seed", "must be a non-negative integer")
+    if seed is not None and (type(seed) is not int or not 0 <= seed <= MAX_SEED):
+        raise RequestError("seed", f"must be an integer from 0 to {MAX_SEED}")
     return ChatRequest(
         messages=_messages(body.get("messages")),
         max_tokens=_max_tokens(body, max_chat_tokens),

@@ -12,6 +12,13 @@ continuation, each with that token appended, so those logits come out of the sam
 Scoring generates nothing; `generate` (chat) samples tokens into sequence 0 and keeps them
 for prefix reuse. The engine is not thread-safe: callers hold its lock.
 
+Prompts mix template text with text from requests. `tokenize_prompt` turns control-token
+texts (`<|im_start|>`, ...) into control tokens only where the template wrote them: text
+inside the given user spans is always tokenized as plain text, so a request cannot forge a
+turn. Weights are read into memory at load (no mmap), so the file can change on disk
+without changing what is served. A `cancel` event (set at shutdown) aborts a load, and
+stops scoring and generation at the next decode boundary.
+
 It knows tokens, logits and the KV cache, nothing about decisions: prompts, labels and
 readout live in the modules that use it.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +43,15 @@ import numpy.typing as npt
 _ALL_LAYERS = 1_000_000
 _MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 _UBATCH_TOKENS = 512
+# Tokens llama.cpp's special-token parsing splits out of text; with parse_special off it
+# still splits USER_DEFINED ones, so only CONTROL and UNKNOWN can be forged.
+_SPECIAL_ATTRS = (
+    llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+    | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+    | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+)
+_FORGEABLE_ATTRS = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+_C_SPACE = " \t\n\v\f\r"  # what llama.cpp's isspace() strips next to LSTRIP/RSTRIP tokens
 
 
 class ModelLoadError(RuntimeError):
@@ -47,6 +64,28 @@ class NativeFailureError(RuntimeError):
 
 class CapacityError(RuntimeError):
     """A batch did not fit the KV cache; the request can be retried smaller."""
+
+
+class CancelledWorkError(RuntimeError):
+    """The work was cancelled (the server is shutting down); the KV cache was reset."""
+
+
+@dataclass(frozen=True)
+class SpecialToken:
+    """A token llama.cpp's special parsing splits out of text, with its attributes."""
+
+    id: int
+    text: str
+    attr: int
+
+    @property
+    def forgeable(self) -> bool:
+        """A control (or unknown) token: only the template may produce it."""
+        return bool(self.attr & _FORGEABLE_ATTRS)
+
+
+# A prompt cut at special tokens: token ids, and (start, end) spans of raw text.
+_Fragment = int | tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -126,6 +165,25 @@ def require_unified_kv_binding() -> None:
         )
 
 
+def read_weights_into_memory(params: llama_cpp.llama_model_params) -> None:
+    """Load without mmap: with a mapped file, bytes rewritten in place after the sha256
+    check would be served under the verified identity. Bindings spell this `load_mode`
+    (newer) or `use_mmap` (older, the DLC's pin); setting a field a ctypes structure lacks
+    silently does nothing, so the field is looked up first."""
+    fields = {name for name, *_ in llama_cpp.llama_model_params._fields_}
+    if "load_mode" in fields:
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+        if "lazy_mode" in fields:
+            params.lazy_mode = llama_cpp.LLAMA_LAZY_MODE_OFF  # lazy reading needs mmap
+    elif "use_mmap" in fields:
+        params.use_mmap = False
+    else:
+        raise ModelLoadError(
+            "the llama-cpp-python binding has neither load_mode nor use_mmap; cannot load "
+            "the weights into memory"
+        )
+
+
 def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
     length = 0
     for left, right in zip(first, second, strict=False):
@@ -147,17 +205,28 @@ class LlamaEngine:
         threads: int | None,
         n_gpu_layers: int,
         prefix_reuse: bool = True,
+        cancel: threading.Event | None = None,
     ) -> None:
         require_unified_kv_binding()
         llama_cpp._logger.set_verbose(False)  # native INFO chatter off; errors still print
         llama_cpp.llama_backend_init()
+        self._cancel = cancel or threading.Event()
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
+        read_weights_into_memory(model_params)
+        # Returning False aborts the load; kept on self so ctypes does not free it early.
+        self._progress = llama_cpp.llama_progress_callback(
+            lambda progress, data: not self._cancel.is_set()
+        )
+        model_params.progress_callback = self._progress
         self._model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), model_params)
         if not self._model:
+            if self._cancel.is_set():
+                raise CancelledWorkError("model load cancelled: the server is shutting down")
             raise ModelLoadError(f"llama.cpp could not load {gguf}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.special_tokens = self._special_tokens()
         context_params = llama_cpp.llama_context_default_params()
         context_params.n_ctx = kv_cells
         context_params.n_batch = kv_cells
@@ -198,21 +267,111 @@ class LlamaEngine:
             self.piece(llama_cpp.llama_vocab_eos(self._vocab), special=True),
         )
 
+    def _special_tokens(self) -> list[SpecialToken]:
+        """The tokens llama.cpp's special parsing looks for, longest text first (its order)."""
+        found = []
+        for token in range(self.n_vocab):
+            attr = int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
+            if not attr & _SPECIAL_ATTRS:
+                continue
+            raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+            try:
+                text = raw.decode("utf-8") if raw else ""
+            except UnicodeDecodeError:
+                continue  # no valid text can contain it
+            if text:
+                found.append(SpecialToken(token, text, attr))
+        found.sort(key=lambda special: len(special.text.encode("utf-8")), reverse=True)
+        return found
+
     def tokenize(self, text: str) -> list[int]:
-        """Tokenize rendered template text, parsing its special tokens, adding BOS if due."""
+        """Tokenize text the template wrote entirely, parsing its special tokens (llama.cpp's
+        own parsing), adding BOS if due. Text from a request goes through `tokenize_prompt`."""
+        return self._with_bos(self._tokenize_raw(text, parse_special=True))
+
+    def tokenize_prompt(self, text: str, user_spans: Sequence[tuple[int, int]]) -> list[int]:
+        """Tokenize a rendered prompt whose `user_spans` (character ranges) came from a
+        request: control tokens are parsed only where the template wrote them.
+
+        This is llama.cpp's special-token parsing done here: cut the text at the special
+        tokens (longest first, honouring their LSTRIP/RSTRIP whitespace rules), skipping
+        any control-token occurrence that touches user text, then tokenize every piece
+        as plain text. With no control-token text inside user spans the result is exactly
+        `tokenize(text)`; a forged marker only becomes its own plain-text tokens.
+        """
+        fragments: list[_Fragment] = [(0, len(text))]
+        for special in self.special_tokens:
+            if special.text not in text:
+                continue
+            fragments = self._split_at(text, fragments, special, user_spans)
+        tokens: list[int] = []
+        for fragment in fragments:
+            if isinstance(fragment, int):
+                tokens.append(fragment)
+            else:
+                start, end = fragment
+                tokens.extend(self._tokenize_raw(text[start:end], parse_special=False))
+        return self._with_bos(tokens)
+
+    @staticmethod
+    def _split_at(
+        text: str,
+        fragments: list[_Fragment],
+        special: SpecialToken,
+        user_spans: Sequence[tuple[int, int]],
+    ) -> list[_Fragment]:
+        """Cut every raw fragment at the occurrences of one special token."""
+
+        def user_owned(start: int, end: int) -> bool:
+            return any(start < span_end and span_start < end for span_start, span_end in user_spans)
+
+        result: list[_Fragment] = []
+        length = len(special.text)
+        for fragment in fragments:
+            if isinstance(fragment, int):
+                result.append(fragment)
+                continue
+            start, end = fragment
+            search = start
+            while True:
+                match = text.find(special.text, search, end)
+                if match < 0:
+                    break
+                if special.forgeable and user_owned(match, match + length):
+                    search = match + 1  # request text: stays plain
+                    continue
+                left_end = match
+                if special.attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP:
+                    while left_end > start and text[left_end - 1] in _C_SPACE:
+                        left_end -= 1
+                if left_end > start:
+                    result.append((start, left_end))
+                result.append(special.id)
+                start = search = match + length
+                if special.attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP:
+                    while start < end and text[start] in _C_SPACE:
+                        start += 1
+                    search = start
+            if start < end:
+                result.append((start, end))
+        return result
+
+    def _tokenize_raw(self, text: str, *, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buffer = (llama_cpp.llama_token * capacity)()
         count = llama_cpp.llama_tokenize(
-            self._vocab, data, len(data), buffer, capacity, False, True
+            self._vocab, data, len(data), buffer, capacity, False, parse_special
         )
         if count < 0:
             capacity = -count
             buffer = (llama_cpp.llama_token * capacity)()
             count = llama_cpp.llama_tokenize(
-                self._vocab, data, len(data), buffer, capacity, False, True
+                self._vocab, data, len(data), buffer, capacity, False, parse_special
             )
-        tokens = list(buffer[:count])
+        return list(buffer[:count])
+
+    def _with_bos(self, tokens: list[int]) -> list[int]:
         bos = int(llama_cpp.llama_vocab_bos(self._vocab))
         if llama_cpp.llama_vocab_get_add_bos(self._vocab) and (not tokens or tokens[0] != bos):
             tokens.insert(0, bos)
@@ -270,15 +429,17 @@ class LlamaEngine:
         if not self.prefix_reuse:
             self.reset()
         try:
+            self._check_cancel()
             reused, prefill_seconds = self._extend_prefix(prefix)
             scores: list[PromptScore] = []
             waves = 0
             started = time.perf_counter()
             for wave in self._waves(branches, prefix_length):
+                self._check_cancel()
                 waves += 1
                 scores.extend(self._decode_branches(wave, prefix_length))
             suffix_seconds = time.perf_counter() - started
-        except (NativeFailureError, CapacityError):
+        except (NativeFailureError, CapacityError, CancelledWorkError):
             self.reset()
             raise
         timing = BatchTiming(
@@ -290,6 +451,10 @@ class LlamaEngine:
             branch_waves=waves,
         )
         return scores, timing
+
+    def _check_cancel(self) -> None:
+        if self._cancel.is_set():
+            raise CancelledWorkError("cancelled: the server is shutting down")
 
     def reset(self) -> None:
         """Forget every cached token (after a failure, or to measure without reuse)."""
@@ -418,10 +583,11 @@ class LlamaEngine:
             self.reset()
         sampler = self._sampler(sampling)
         try:
+            self._check_cancel()
             reused, _ = self._extend_prefix(list(prompt[:-1]))
             self._decode_next(prompt[-1], len(prompt) - 1)
             text, count, finish = self._sample_loop(sampler, len(prompt), max_new_tokens, stop)
-        except (NativeFailureError, CapacityError):
+        except (NativeFailureError, CapacityError, CancelledWorkError):
             self.reset()
             raise
         finally:
@@ -453,6 +619,7 @@ class LlamaEngine:
                 return text[:cut], count, "stop"
             if count >= limit:
                 return text + decoder.decode(b"", final=True), count, "length"
+            self._check_cancel()
             self._decode_next(token, position)
             position += 1
 

@@ -44,13 +44,45 @@ class SchemaError(RequestError):
 class UnsupportedMediaTypeError(ApiError):
     status = 415
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="headers.content-type")
+
 
 class PayloadTooLargeError(ApiError):
     status = 413
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="body")
+
+
+class RequestTimeoutError(ApiError):
+    """The body did not arrive in full within SEMIF_BODY_TIMEOUT_SECONDS."""
+
+    status = 408
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="body")
+
+    def headers(self) -> dict[str, str]:
+        # The rest of the body may still arrive: the connection cannot be reused.
+        return {"connection": "close"}
+
+
+class ClientDisconnectedError(ApiError):
+    """The client went away before its body arrived; nobody reads the answer, and it is
+    logged as 499 (nginx's "client closed request"), not as a server error."""
+
+    status = 499
+
+    def __init__(self) -> None:
+        super().__init__("client disconnected before the body arrived", field="body")
+
 
 class UnauthorizedError(ApiError):
     status = 401
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="headers.authorization")
 
     def headers(self) -> dict[str, str]:
         return {"www-authenticate": "Bearer"}

@@ -8,6 +8,8 @@ with the JSON path of the field.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence, Sized
 from typing import Any
 
@@ -15,6 +17,16 @@ from adapter.errors import RequestError
 
 JsonState = str | dict[str, Any] | list[Any]
 ShapeError = type[RequestError]
+_SIMPLE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+def member_path(parent: str, key: str) -> str:
+    """The JSON path of `key` in the object at `parent` ("" is the body itself):
+    `decision.state` for plain keys, `body[""]` or `questions["a b"]` (JSON-quoted,
+    ASCII-escaped) for any other, so a path is never empty and never ambiguous."""
+    if _SIMPLE_KEY.match(key):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent or 'body'}[{json.dumps(key)}]"
 
 
 def json_object(value: Any, path: str, shape_error: ShapeError = RequestError) -> dict[str, Any]:

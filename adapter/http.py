@@ -3,6 +3,12 @@
 `answer` runs one API call and turns whatever it raises into a JSON answer: an `ApiError`
 carries its own status, body and headers; anything else is a 500 that is logged with its
 traceback but never shown to the caller. Each call writes exactly one JSON log line.
+
+Bodies are read within a size limit and a time limit (a client that announces more bytes
+than it sends gets a 408, one that disconnects is logged as 499), parsed strictly (no NaN,
+no duplicate keys) and walked once: every string and key must be valid Unicode (no lone
+surrogates, which the JSON decoder lets through from `\ud800` escapes or CESU-8 bytes),
+numbers finite and nesting bounded, else a 400 naming the JSON path.
 """
 
 from __future__ import annotations
@@ -10,25 +16,31 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
+import anyio
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from adapter.errors import (
     ApiError,
+    ClientDisconnectedError,
     PayloadTooLargeError,
     RequestError,
+    RequestTimeoutError,
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from adapter.fields import member_path
 
 LOG = logging.getLogger("adapter.requests")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+MAX_JSON_DEPTH = 64  # far beyond any valid body; keeps every later walk shallow
 # An API call: (body, request id) -> (response body, extra log fields).
 Call = Callable[[Any, str], Awaitable[tuple[dict[str, Any], dict[str, Any]]]]
 
@@ -43,8 +55,9 @@ def error_response(error: ApiError, **headers: str) -> Response:
     return json_response(error.status, error.body(), **error.headers(), **headers)
 
 
-async def read_json_body(request: Request, max_bytes: int) -> Any:
-    """Read and parse a JSON body, enforcing content type and size before parsing."""
+async def read_json_body(request: Request, max_bytes: int, timeout_seconds: float = 30.0) -> Any:
+    """Read and parse a JSON body, enforcing content type, size and time before parsing,
+    then check every string, key and number (`check_json`)."""
     content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if content_type != "application/json" and not content_type.endswith("+json"):
         raise UnsupportedMediaTypeError(
@@ -57,19 +70,93 @@ async def read_json_body(request: Request, max_bytes: int) -> Any:
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLargeError(f"body exceeds {max_bytes} bytes (SEMIF_MAX_BODY_BYTES)")
-        chunks.append(chunk)
     try:
-        return json.loads(
+        with anyio.fail_after(timeout_seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PayloadTooLargeError(
+                        f"body exceeds {max_bytes} bytes (SEMIF_MAX_BODY_BYTES)"
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeoutError(
+            f"body did not arrive within {timeout_seconds:g} s (SEMIF_BODY_TIMEOUT_SECONDS; "
+            f"{size} bytes received)"
+        ) from None
+    except ClientDisconnect:
+        raise ClientDisconnectedError() from None
+    try:
+        body = json.loads(
             b"".join(chunks), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
         )
     except (ValueError, UnicodeDecodeError) as error:
-        raise RequestError("body", f"invalid JSON ({error})") from None
+        raise RequestError("body", f"invalid JSON ({_ascii(str(error))})") from None
     except RecursionError:
         raise RequestError("body", "invalid JSON (nested too deeply)") from None
+    check_json(body)
+    return body
+
+
+def _ascii(text: str) -> str:
+    """Text safe to echo: anything not printable ASCII escaped (a lone surrogate cannot be
+    encoded in a response)."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _path(parts: tuple[Any, ...] | None) -> str:
+    """Materialise a (parent, component) chain into a JSON path."""
+    components: list[str | int] = []
+    while parts is not None:
+        parts, component = parts
+        components.append(component)
+    path = ""
+    for component in reversed(components):
+        path = (
+            f"{path or 'body'}[{component}]"
+            if isinstance(component, int)
+            else (member_path(path, component))
+        )
+    return path or "body"
+
+
+def _unicode_problem(text: str) -> str | None:
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = text[error.start]
+        return f"lone surrogate \\u{ord(bad):04x} at character {error.start}"
+    return None
+
+
+def check_json(body: Any) -> None:
+    """Walk the parsed body once (iteratively): every key and string valid Unicode, every
+    number finite, nesting at most MAX_JSON_DEPTH; else a 400 naming the JSON path."""
+    stack: list[tuple[Any, tuple[Any, ...] | None, int]] = [(body, None, 0)]
+    while stack:
+        value, parts, depth = stack.pop()
+        if isinstance(value, str):
+            problem = _unicode_problem(value)
+            if problem is not None:
+                raise RequestError(_path(parts), f"is not valid Unicode ({problem}); send UTF-8")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise RequestError(_path(parts), "number is out of range")
+        elif isinstance(value, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise RequestError(_path(parts), f"nested deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(value, list):
+                stack.extend((item, (parts, index), depth + 1) for index, item in enumerate(value))
+                continue
+            for key, item in value.items():
+                problem = _unicode_problem(key)
+                if problem is not None:
+                    raise RequestError(
+                        _path((parts, key)), f"key is not valid Unicode ({problem}); send UTF-8"
+                    )
+                stack.append((item, (parts, key), depth + 1))
 
 
 def _reject_constant(name: str) -> float:
@@ -111,6 +198,7 @@ async def answer(
     *,
     max_body_bytes: int,
     api_key: str | None = None,
+    body_timeout_seconds: float = 30.0,
 ) -> Response:
     """Run one API call (`call(body)` picks it from the parsed body): check the key when one
     is given, read the body, map every error to its JSON answer and log the call once."""
@@ -120,7 +208,7 @@ async def answer(
     headers = {"x-request-id": request_id}
     try:
         authenticate(request, api_key)
-        body = await read_json_body(request, max_body_bytes)
+        body = await read_json_body(request, max_body_bytes, body_timeout_seconds)
         payload, details = await call(body)(body, request_id)
         log.update(details)
         response = json_response(200, payload, **headers)

@@ -6,10 +6,17 @@ character, and appending never re-tokenizes the prompt. The letters A..P (the de
 API's 16 options) are required, so a model without them is refused at start; the wider
 label groups are optional, and a question that needs a missing group is refused with the
 reason found here.
+
+A model that tokenizes well can still be broken (flipped bytes, a bad quantization), so
+the probe decision is also scored once: NaN or infinite logits, or a letter mass below
+`MIN_LETTER_MASS_FACTOR` times what a uniform distribution over the vocabulary would put
+on A..P, refuse the model. A random-weight model sits near uniform and passes; a model
+with flipped bytes measured 4.6e-9 (1e-5 of uniform) and is refused.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +28,11 @@ from adapter.prompts import (
     ChatTemplate,
     render_decision,
 )
+from adapter.readout import NonFiniteLogitsError, read_slots
 from adapter.schema import Decision, Option
+
+# The probe's letter mass must be at least this share of a uniform distribution's 16/n_vocab.
+MIN_LETTER_MASS_FACTOR = 0.01
 
 
 class LabelError(ValueError):
@@ -65,6 +76,15 @@ def probe_labels(engine: LlamaEngine, template: ChatTemplate) -> LabelSet:
         else:
             problems[len(group[0])] = problem
     return LabelSet(tokens=tokens, problems=problems)
+
+
+# Short, so the forward pass adds little to the load; the mass counts all of A..P.
+_SCORED_PROBE = Decision(
+    id="probe",
+    state="The sky is clear and the sun is up.",
+    question="Is it day or night?",
+    options=(Option("day", "Day."), Option("night", "Night.")),
+)
 
 
 def _probe_prompt(template: ChatTemplate) -> str:
@@ -120,3 +140,36 @@ def _label_group(
             )
         found[label] = added
     return found, None
+
+
+def letter_mass_floor(n_vocab: int) -> float:
+    """The lowest letter mass the probe decision may have on a vocabulary of `n_vocab`."""
+    return MIN_LETTER_MASS_FACTOR * len(ANSWER_LETTERS) / n_vocab
+
+
+def probe_decision(engine: LlamaEngine, template: ChatTemplate, labels: LabelSet) -> float:
+    """Score the probe decision once; refuse a model whose logits are not finite or whose
+    answer letters get an implausibly small share of the probability. Returns that share.
+
+    The KV cache is cleared afterwards, so the first request starts as cold as before."""
+    # A server configured with a tiny KV cache scores the prompt's tail: still a real
+    # forward pass that ends where an answer letter is due.
+    tokens = engine.tokenize(render_decision(template, _SCORED_PROBE))[-engine.kv_cells :]
+    try:
+        scores, _ = engine.score([tokens])
+        readout = read_slots(scores[0].logits, labels.letter_token_ids)
+    except NonFiniteLogitsError:
+        raise ModelLoadError(
+            "the probe decision gave NaN or infinite logits; the model file is broken"
+        ) from None
+    finally:
+        engine.reset()
+    mass = readout.allowed_token_mass
+    floor = letter_mass_floor(engine.n_vocab)
+    if not math.isfinite(mass) or mass < floor:
+        raise ModelLoadError(
+            f"the probe decision put {mass:.3g} of the probability on the answer letters, "
+            f"below the floor {floor:.3g} (1/100 of uniform over {engine.n_vocab} tokens); "
+            "the model file is broken or not an instruction model"
+        )
+    return mass

@@ -2,7 +2,9 @@
 
 SageMaker unpacks model.tar.gz into /opt/ml/model. Serving the wrong file silently is the
 worst failure a decision service can have, so discovery is strict (exactly one candidate)
-and the manifest's size and sha256 are verified before the model is loaded.
+and the manifest's size and sha256 are verified before the model is loaded. In SageMaker's
+model directory the manifest is required (`require_manifest`): a GGUF nobody verified is
+refused unless SEMIF_ALLOW_UNVERIFIED_MODEL=true says otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +30,21 @@ class ModelFiles:
     gguf: Path
     identity: dict[str, Any] = field(default_factory=dict)
     temperature: float = 1.0  # calibration applied to option probabilities
+    # (size, mtime_ns) when verified: the load must read the very file that was checked.
+    stamp: tuple[int, int] = (0, 0)
+
+    def check_unchanged(self) -> None:
+        """Refuse a GGUF that changed on disk since it was verified (during the load)."""
+        if file_stamp(self.gguf) != self.stamp:
+            raise ModelFilesError(
+                f"{self.gguf.name} changed on disk while it was being loaded; restart to "
+                "verify and load the new file"
+            )
+
+
+def file_stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
 
 
 def discover_gguf(model_dir: Path) -> Path:
@@ -45,23 +62,38 @@ def discover_gguf(model_dir: Path) -> Path:
     return found[0]
 
 
-def resolve_model_files(model_dir: Path, gguf_path: Path | None) -> ModelFiles:
-    """Pick the GGUF (explicit path wins) and verify it against the manifest when present."""
+def resolve_model_files(
+    model_dir: Path, gguf_path: Path | None, *, require_manifest: bool = False
+) -> ModelFiles:
+    """Pick the GGUF (explicit path wins) and verify it against the manifest when present;
+    with `require_manifest`, a GGUF without one is refused."""
     gguf = gguf_path if gguf_path is not None else discover_gguf(model_dir)
+    stamp = file_stamp(gguf)
     manifest_path = gguf.parent / MANIFEST_NAME
     if not manifest_path.is_file():
         manifest_path = model_dir / MANIFEST_NAME
     if not manifest_path.is_file():
+        if require_manifest:
+            raise ModelFilesError(
+                f"{gguf.name} has no {MANIFEST_NAME} beside it or in {model_dir}; SageMaker's "
+                "model directory serves only models verified by model-build (set "
+                "SEMIF_ALLOW_UNVERIFIED_MODEL=true to serve an unverified GGUF anyway)"
+            )
         return ModelFiles(
             gguf=gguf,
-            identity={"file": gguf.name, "bytes": gguf.stat().st_size, "manifest": None},
+            identity={"file": gguf.name, "bytes": stamp[0], "manifest": None},
+            stamp=stamp,
         )
     manifest = _load(manifest_path)
     calibration = manifest.calibration
+    identity = verify_against_manifest(gguf, manifest_path, manifest)
+    if file_stamp(gguf) != stamp:
+        raise ModelFilesError(f"{gguf.name} changed on disk while its sha256 was checked")
     return ModelFiles(
         gguf=gguf,
-        identity=verify_against_manifest(gguf, manifest_path, manifest),
+        identity=identity,
         temperature=calibration.temperature if calibration is not None else 1.0,
+        stamp=stamp,
     )
 
 

@@ -3,6 +3,15 @@
 The state comes first in the user turn so that every question about one state shares a
 token prefix; the options are labelled with answer letters and the prompt ends where the
 assistant's answer would start, so the next-token logits at the last position score them.
+
+Text from a request never becomes control tokens. Every request string is rendered wrapped
+in sentinels no request can contain (lone surrogates, refused as invalid Unicode at parse
+time), the rendered text is split into template-owned and request-owned spans and the
+sentinels are stripped: the prompt text (and so `prompt_sha256`) is the plain rendering,
+and the engine tokenizes the request-owned spans as plain text. Leading and trailing
+whitespace stays outside the sentinels, so templates that `trim` content still trim it.
+A template that rewrites the sentinels is refused at load (`check_marks_survive`), and a
+render whose marked and plain forms disagree is refused (`MarkedTextError`).
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import hashlib
 import json
 import string
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,7 +28,7 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from adapter.schema import Decision
+from adapter.schema import Decision, Option
 
 PROMPT_VERSION = "semif-direct-options/1"
 # Option labels. Up to 52 options each gets one letter, A..Z then a..z (one token each);
@@ -36,8 +46,75 @@ SYSTEM_PROMPT = (
 )
 
 
+# Lone surrogates: valid requests cannot contain them (adapter.http refuses them).
+USER_OPEN, USER_CLOSE = "\ud800", "\udbff"
+_SENTINELS = (USER_OPEN, USER_CLOSE)
+
+
 class TemplateRenderError(RuntimeError):
     """The GGUF's chat template cannot render a system + user conversation."""
+
+
+class MarkedTextError(TemplateRenderError):
+    """The template treated request text differently once it was marked, or dropped a
+    marker, so request text cannot be told from template text: refused, never guessed."""
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """The plain rendered prompt and the character spans of it that came from a request."""
+
+    text: str
+    user_spans: tuple[tuple[int, int], ...]
+
+
+def mark_user_text(text: str) -> str:
+    """Wrap request text in sentinels, whitespace ends outside (so `trim` still trims)."""
+    if any(sentinel in text for sentinel in _SENTINELS):
+        raise ValueError("text contains a lone surrogate; it must be valid Unicode")
+    core = text.strip()
+    if not core:
+        return text  # whitespace cannot spell a control token; keeps `if content` tests
+    start = text.index(core)
+    return f"{text[:start]}{USER_OPEN}{core}{USER_CLOSE}{text[start + len(core) :]}"
+
+
+def unmark(marked: str) -> RenderedPrompt:
+    """Strip the sentinels, returning the plain text and the spans they enclosed."""
+    parts: list[str] = []
+    spans: list[tuple[int, int]] = []
+    length = 0
+    open_at: int | None = None
+    position = 0
+    while True:
+        found = [
+            (index, char) for char in _SENTINELS if (index := marked.find(char, position)) >= 0
+        ]
+        if not found:
+            break
+        index, char = min(found)
+        parts.append(marked[position:index])
+        length += index - position
+        position = index + 1
+        if (char == USER_OPEN) != (open_at is None):
+            raise MarkedTextError("the chat template reordered or dropped request-text markers")
+        if char == USER_OPEN:
+            open_at = length
+        else:
+            assert open_at is not None
+            spans.append((open_at, length))
+            open_at = None
+    if open_at is not None:
+        raise MarkedTextError("the chat template dropped a request-text marker")
+    parts.append(marked[position:])
+    return RenderedPrompt("".join(parts), tuple(spans))
+
+
+def _plain(messages: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    return [
+        {key: value.replace(USER_OPEN, "").replace(USER_CLOSE, "") for key, value in m.items()}
+        for m in messages
+    ]
 
 
 def _raise(message: str) -> None:
@@ -103,24 +180,82 @@ def _answer_instruction(labels: Sequence[str]) -> str:
     return f"Answer with one letter from {first} to {last}."
 
 
-def decision_messages(decision: Decision) -> list[dict[str, str]]:
-    """The system and user turns for one decision; the state leads the user turn."""
+def decision_messages(decision: Decision, *, marked: bool = False) -> list[dict[str, str]]:
+    """The system and user turns for one decision; the state leads the user turn. With
+    `marked`, every string from the request is wrapped by `mark_user_text`."""
+
+    def user(text: str) -> str:
+        return mark_user_text(text) if marked else text
+
     labels = answer_labels(len(decision.options))
     option_lines = "\n".join(
-        f"{label}. {option.description}"
+        f"{label}. {user(option.description)}"
         for label, option in zip(labels, decision.options, strict=True)
     )
-    user = (
-        f"Evidence:\n{decision.state_text}\n\n"
-        f"Question: {decision.question}\n\n"
+    content = (
+        f"Evidence:\n{user(decision.state_text)}\n\n"
+        f"Question: {user(decision.question)}\n\n"
         f"Options:\n{option_lines}\n\n"
         f"{_answer_instruction(labels)}"
     )
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
+
+
+def render_marked(template: ChatTemplate, messages: Sequence[dict[str, str]]) -> RenderedPrompt:
+    """Render messages whose request text is marked: the plain prompt plus its request spans.
+
+    The plain messages are rendered too and must give exactly the unmarked text, so a
+    template that branches on content (`startswith`, `length`, ...) cannot be fooled."""
+    rendered = unmark(template.render(messages))
+    if rendered.text != template.render(_plain(messages)):
+        raise MarkedTextError(
+            "the chat template renders this request text differently once it is marked "
+            "as request text; it cannot be told apart from template text"
+        )
+    return rendered
+
+
+def render_decision_prompt(template: ChatTemplate, decision: Decision) -> RenderedPrompt:
+    return render_marked(template, decision_messages(decision, marked=True))
+
+
+def render_chat_prompt(
+    template: ChatTemplate, messages: Sequence[dict[str, str]]
+) -> RenderedPrompt:
+    """A chat conversation: every message's content is request text."""
+    marked = [{**message, "content": mark_user_text(message["content"])} for message in messages]
+    return render_marked(template, marked)
 
 
 def render_decision(template: ChatTemplate, decision: Decision) -> str:
-    return template.render(decision_messages(decision))
+    return render_decision_prompt(template, decision).text
+
+
+def check_marks_survive(template: ChatTemplate) -> None:
+    """At load: the template must keep request-text markers intact, else the adapter could
+    not keep request text plain. Probes a decision and a chat with padded contents."""
+    probe = Decision(
+        id="probe",
+        state=" Probe evidence.\n",
+        question="Which option applies?",
+        options=(Option("a", "First."), Option("b", "Second.")),
+    )
+    chat = [
+        {"role": "system", "content": "Probe system."},
+        {"role": "user", "content": "  Probe question?\n"},
+        {"role": "assistant", "content": "Probe answer."},
+        {"role": "user", "content": "Probe follow-up."},
+    ]
+    try:
+        decision = render_decision_prompt(template, probe)
+        conversation = render_chat_prompt(template, chat)
+    except MarkedTextError as error:
+        raise TemplateRenderError(f"chat template cannot mark request text: {error}") from None
+    if len(decision.user_spans) != 4 or not conversation.user_spans:
+        raise TemplateRenderError(
+            "chat template drops request text it was given (a decision kept "
+            f"{len(decision.user_spans)} of 4 marked strings); it cannot be served safely"
+        )
 
 
 def prompt_sha256(prompt: str) -> str:

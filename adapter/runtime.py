@@ -1,31 +1,43 @@
 """Bring the model up in the order that gives clear start errors, track its state, admit work.
 
-Order: backends (so GPU requests can be checked), model files and manifest, engine, chat
-template, answer-label probe. Each failure is one readable line; /ping answers 503 while
-loading and after a failure so SageMaker never routes traffic to a model that is not
-usable. Admission (is the model ready, is a slot free) is decided here and nowhere else.
+Order: backends (so GPU requests can be checked), model files and manifest (required in
+SageMaker's model directory), engine (weights read into memory), chat template (it must
+keep request-text markers), answer-label probe, one scored probe decision (finite logits,
+plausible letter mass). Each failure is one readable line; /ping answers 503 while loading
+and after a failure so SageMaker never routes traffic to a model that is not usable.
+Admission (is the model ready, is a slot free, is the server stopping) is decided here and
+nowhere else. At shutdown admission stops at once and in-flight work is cancelled after
+the grace period (`begin_shutdown`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from adapter.backends import load_backends
 from adapter.engine import LlamaEngine
 from adapter.errors import UnavailableError
-from adapter.labels import LabelSet, probe_labels
+from adapter.labels import LabelSet, probe_decision, probe_labels
 from adapter.model_files import resolve_model_files
-from adapter.prompts import PAIR_LABEL_SEQUENCES, PROMPT_VERSION, ChatTemplate
+from adapter.prompts import (
+    PAIR_LABEL_SEQUENCES,
+    PROMPT_VERSION,
+    ChatTemplate,
+    check_marks_survive,
+)
 from adapter.service import DecisionService
 from adapter.settings import Settings
 
 LOG = logging.getLogger("adapter")
 State = Literal["loading", "ready", "failed"]
+# After the grace period, how long closing waits for a cancelled call to leave the engine.
+CLOSE_WAIT_SECONDS = 3.0
 _GPU_BACKEND_PREFIXES = ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL", "MUSA", "CANN")
 
 
@@ -33,8 +45,9 @@ class StartError(RuntimeError):
     """The server cannot serve with these settings and this model."""
 
 
-def load_service(settings: Settings) -> DecisionService:
-    """Load backends, verify the model files and build the scoring service."""
+def load_service(settings: Settings, cancel: threading.Event | None = None) -> DecisionService:
+    """Load backends, verify the model files and build the scoring service; `cancel` (set
+    at shutdown) aborts the load and, later, in-flight work."""
     backends = load_backends(settings.llama_lib_path)
     if settings.n_gpu_layers != 0 and not any(
         name.startswith(_GPU_BACKEND_PREFIXES) for name in backends
@@ -43,7 +56,9 @@ def load_service(settings: Settings) -> DecisionService:
             f"SEMIF_N_GPU_LAYERS={settings.n_gpu_layers} asks for GPU offload but no GPU "
             f"backend is loaded (backends: {', '.join(backends) or 'none'}); use 0 for CPU"
         )
-    files = resolve_model_files(settings.model_dir, settings.gguf_path)
+    files = resolve_model_files(
+        settings.model_dir, settings.gguf_path, require_manifest=settings.manifest_required
+    )
     loaded = open_model(
         files.gguf,
         kv_cells=settings.kv_cells,
@@ -52,8 +67,14 @@ def load_service(settings: Settings) -> DecisionService:
         threads=settings.threads,
         n_gpu_layers=settings.n_gpu_layers,
         prefix_reuse=settings.prefix_reuse,
+        cancel=cancel,
     )
     engine = loaded.engine
+    try:
+        files.check_unchanged()  # the weights in memory are the bytes that were verified
+    except BaseException:
+        engine.close()
+        raise
     model = {
         **files.identity,
         "backends": backends,
@@ -83,6 +104,7 @@ class LoadedModel:
     engine: LlamaEngine
     template: ChatTemplate
     labels: LabelSet
+    letter_mass: float = 1.0  # the probe decision's share of probability on A..P
 
 
 def open_model(
@@ -93,9 +115,11 @@ def open_model(
     threads: int | None,
     n_gpu_layers: int,
     prefix_reuse: bool = True,
+    cancel: threading.Event | None = None,
 ) -> LoadedModel:
-    """Load the GGUF, compile its chat template and probe its labels; a refused model frees
-    its native memory before the error propagates."""
+    """Load the GGUF, compile its chat template, check it keeps request text marked, probe
+    its labels and score one probe decision; a refused model frees its native memory
+    before the error propagates."""
     engine = LlamaEngine(
         gguf,
         kv_cells=kv_cells,
@@ -103,11 +127,16 @@ def open_model(
         threads=threads,
         n_gpu_layers=n_gpu_layers,
         prefix_reuse=prefix_reuse,
+        cancel=cancel,
     )
     try:
         bos, eos = engine.special_texts()
         template = ChatTemplate(engine.chat_template_source(), bos_token=bos, eos_token=eos)
-        return LoadedModel(engine, template, probe_labels(engine, template))
+        check_marks_survive(template)
+        labels = probe_labels(engine, template)
+        mass = probe_decision(engine, template, labels)
+        LOG.info("probe decision: letter mass %.3g", mass)
+        return LoadedModel(engine, template, labels, mass)
     except BaseException:
         engine.close()
         raise
@@ -122,11 +151,14 @@ class Runtime:
     service: DecisionService | None = None
     error: str | None = None
     in_flight: int = 0
+    stopping: bool = False
+    # Set when in-flight work must stop (the grace period after SIGTERM ran out).
+    cancel: threading.Event = field(default_factory=threading.Event)
 
     def load(self) -> None:
         """Blocking load; records failure instead of raising so /ping can report it."""
         try:
-            self.service = load_service(self.settings)
+            self.service = load_service(self.settings, self.cancel)
         except Exception as error:
             self.state, self.error = "failed", f"{type(error).__name__}: {error}"
             LOG.error("model load failed: %s", self.error)
@@ -136,12 +168,33 @@ class Runtime:
 
     @property
     def healthy(self) -> bool:
-        return self.state == "ready" and self.service is not None and self.service.health.healthy
+        return (
+            self.state == "ready"
+            and not self.stopping
+            and self.service is not None
+            and self.service.health.healthy
+        )
+
+    def begin_shutdown(self, grace_seconds: float) -> None:
+        """Stop admitting now; cancel a load at once and in-flight work after the grace
+        period (it then ends at its next decode with a retryable 503)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        LOG.info("shutting down: admission stopped; in-flight work has %.1f s", grace_seconds)
+        if self.state == "loading" or self.in_flight == 0:
+            self.cancel.set()
+            return
+        timer = threading.Timer(grace_seconds, self.cancel.set)
+        timer.daemon = True
+        timer.start()
 
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[DecisionService]:
         """Take one of SEMIF_MAX_IN_FLIGHT slots, or refuse at once with a 503 that says
         whether a retry can help (loading, busy) or not (unhealthy)."""
+        if self.stopping:
+            raise UnavailableError("server is shutting down", retryable=True)
         if not self.healthy or self.service is None:
             message = "model is loading" if self.state == "loading" else "model is not healthy"
             raise UnavailableError(message, retryable=self.state == "loading")
@@ -154,5 +207,8 @@ class Runtime:
             self.in_flight -= 1
 
     def close(self) -> None:
-        if self.service is not None:
-            self.service.engine.close()
+        """Free the model; cancels whatever still runs and waits briefly for it to stop."""
+        self.stopping = True
+        self.cancel.set()
+        if self.service is not None and not self.service.close(CLOSE_WAIT_SECONDS):
+            LOG.error("a call still holds the model after cancellation; exiting without freeing")

@@ -1,21 +1,33 @@
 """`serve`: the container entry point (SageMaker runs `IMAGE serve`) and the local dev server.
 
-Settings are validated before anything else, so a bad variable stops the process with one
-line naming it; a model that fails to load stops it with exit code 1 after /ping has
-reported the failure.
+Order of start-up, each failure one line naming its cause:
+1. settings, validated before anything imports llama.cpp (the binding loads libllama at
+   import, so a bad LLAMA_CPP_LIB_PATH is a settings error, not a traceback);
+2. the listening socket, bound before the model loads (a port in use is found at once);
+3. the app, which loads the model; a model that fails to load stops the process with exit
+   code 1 after /ping has reported the failure.
+
+Shutdown (SIGTERM from SageMaker, or Ctrl-C): admission stops at once (new requests and
+/ping get 503), idle keep-alive connections close, in-flight work may finish within
+SEMIF_SHUTDOWN_GRACE_SECONDS and is cancelled after that, and uvicorn's own graceful
+timeout backs it up, all inside SageMaker's 30 s before SIGKILL.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
+from types import FrameType
+from typing import Any
 
 import uvicorn
 
-from adapter.app import create_app
-from adapter.settings import SettingsError, load_settings
+from adapter.settings import Settings, SettingsError, load_settings
 
 KEEP_ALIVE_SECONDS = 75  # longer than SageMaker's 60 s idle connection reuse
+# After the grace period: time for cancelled work to reach a decode boundary and answer.
+SHUTDOWN_BACKSTOP_SECONDS = 4
 
 
 def configure_logging() -> None:
@@ -26,6 +38,36 @@ def configure_logging() -> None:
     )
 
 
+def bind(settings: Settings) -> socket.socket:
+    """Listen on the configured address now, before the model loads."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((settings.host, settings.port))
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        source = "SEMIF_HOST/SAGEMAKER_BIND_TO_PORT/SEMIF_PORT"
+        raise SettingsError(
+            f"cannot listen on {settings.host}:{settings.port} ({source}): {error.strerror}"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, telling the app the moment a stop signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Any) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the server; `serve` with no arguments, as SageMaker calls it."""
     args = sys.argv[1:] if argv is None else argv
@@ -34,8 +76,16 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging()
     try:
         settings = load_settings()
+        sock = bind(settings)
     except SettingsError as error:
         sys.exit(f"serve: {error}")
+    try:
+        from adapter.app import create_app  # imports llama_cpp, which loads libllama
+    except OSError as error:  # a libllama that exists but cannot be loaded
+        sys.exit(
+            f"serve: cannot load llama.cpp (LLAMA_CPP_LIB_PATH={settings.llama_lib_path}): {error}"
+        )
+
     failures: list[str] = []
     server: uvicorn.Server | None = None
 
@@ -45,18 +95,18 @@ def main(argv: list[str] | None = None) -> None:
             server.should_exit = True
 
     app = create_app(settings, on_load_failure=stop_on_load_failure)
+    runtime = app.state.runtime
     config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         http="h11",
         lifespan="on",
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) + SHUTDOWN_BACKSTOP_SECONDS,
         log_config=None,
     )
-    server = uvicorn.Server(config)
-    server.run()
+    server = _Server(config, lambda: runtime.begin_shutdown(settings.shutdown_grace_seconds))
+    server.run(sockets=[sock])
     if failures:
         sys.exit(f"serve: model load failed: {failures[0]}")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from adapter.engine import (
     BatchTiming,
+    CancelledWorkError,
     CapacityError,
     Generation,
     LlamaEngine,
@@ -27,10 +28,12 @@ from adapter.labels import LabelError, LabelSet
 from adapter.prompts import (
     PROMPT_VERSION,
     ChatTemplate,
+    RenderedPrompt,
     TemplateRenderError,
     answer_labels,
     prompt_sha256,
-    render_decision,
+    render_chat_prompt,
+    render_decision_prompt,
 )
 from adapter.readout import READOUT, NonFiniteLogitsError, SlotReadout, read_labels
 from adapter.schema import Decision, Mode
@@ -108,10 +111,24 @@ class DecisionService:
                 raise
             except CapacityError as error:
                 raise UnavailableError(str(error), retryable=True) from None
+            except CancelledWorkError as error:
+                raise UnavailableError(str(error), retryable=True) from None
 
-    def tokenize_prompt(self, text: str, path: str, hint: str = "") -> list[int]:
-        """Tokenize a rendered prompt, refusing one over SEMIF_MAX_TOKENS (the one check)."""
-        tokens = self.engine.tokenize(text)
+    def close(self, wait_seconds: float) -> bool:
+        """Free the engine once no call holds it; False (and nothing freed) if one still
+        runs after `wait_seconds` (the process is exiting: leaking beats a use-after-free)."""
+        if not self._lock.acquire(timeout=wait_seconds):
+            return False
+        try:
+            self.engine.close()
+        finally:
+            self._lock.release()
+        return True
+
+    def tokenize_prompt(self, prompt: RenderedPrompt, path: str, hint: str = "") -> list[int]:
+        """Tokenize a rendered prompt (request spans as plain text), refusing one over
+        SEMIF_MAX_TOKENS (the one check)."""
+        tokens = self.engine.tokenize_prompt(prompt.text, prompt.user_spans)
         if len(tokens) > self.max_tokens:
             raise RequestError(
                 path,
@@ -129,9 +146,12 @@ class DecisionService:
     ) -> list[tuple[str, list[int]]]:
         prompts = []
         for decision, path in zip(decisions, paths, strict=True):
-            text = render_decision(self.template, decision)
+            try:
+                prompt = render_decision_prompt(self.template, decision)
+            except (TemplateRenderError, ValueError) as error:
+                raise RequestError(path, str(error)) from None
             hint = "; shorten the state, question or options"
-            prompts.append((text, self.tokenize_prompt(text, path, hint)))
+            prompts.append((prompt.text, self.tokenize_prompt(prompt, path, hint)))
         return prompts
 
     def _labels(self, decision: Decision, path: str) -> list[tuple[int, ...]]:
@@ -215,11 +235,11 @@ class DecisionService:
         engine."""
         with self.exclusive():
             try:
-                text = self.template.render(messages)
-            except TemplateRenderError as error:
+                prompt = render_chat_prompt(self.template, messages)
+            except (TemplateRenderError, ValueError) as error:
                 raise RequestError("messages", str(error)) from None
             return self.engine.generate(
-                self.tokenize_prompt(text, "messages"),
+                self.tokenize_prompt(prompt, "messages"),
                 max_new_tokens=max_new_tokens,
                 sampling=sampling,
                 stop=stop,

@@ -3,6 +3,13 @@
 A bad value stops the process with one line that names the variable and the allowed range,
 so a misconfigured SageMaker endpoint fails its first health check with a readable log
 instead of misbehaving later.
+
+One rule decides what "inside SageMaker" means: the model is served from SageMaker's model
+directory, /opt/ml/model (the default). There the server binds every interface (SageMaker
+reaches the container on its own interface), leaves /invocations to SageMaker's IAM, and
+refuses a GGUF without model-manifest.json unless SEMIF_ALLOW_UNVERIFIED_MODEL=true.
+Anywhere else it binds loopback by default and, with SEMIF_API_KEY set, guards every route
+but /ping.
 """
 
 from __future__ import annotations
@@ -12,9 +19,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Where SageMaker unpacks model.tar.gz; serving from here is what "inside SageMaker" means.
+SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
+ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - SageMaker reaches the container on its own interface
+LOOPBACK = "127.0.0.1"
+# SageMaker sends SIGKILL 30 s after SIGTERM; in-flight work must end well before that.
+SAGEMAKER_STOP_GRACE_SECONDS = 30
+_LIBLLAMA_NAMES = ("libllama.so", "libllama.dylib", "llama.dll")
+
 
 class SettingsError(ValueError):
     """One environment variable holds a value outside its documented range."""
+
+
+def _within(path: Path, directory: Path) -> bool:
+    try:
+        path.resolve().relative_to(directory.resolve())
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -22,7 +45,8 @@ class Settings:
     """Everything the server needs to know; immutable after start."""
 
     port: int = 8080
-    host: str = "0.0.0.0"  # noqa: S104 - SageMaker reaches the container on its own interface
+    # load_settings binds every interface inside SageMaker and loopback elsewhere.
+    host: str = LOOPBACK
     model_dir: Path = Path("/opt/ml/model")
     gguf_path: Path | None = None
     threads: int | None = None
@@ -34,13 +58,38 @@ class Settings:
     llama_lib_path: Path | None = None
     prefix_reuse: bool = True
     max_chat_tokens: int = 512
-    # Bearer key for the /v1 routes; SageMaker's /invocations is authenticated by IAM instead.
+    # Bearer key: the /v1 routes always, every route but /ping outside SageMaker.
     api_key: str | None = field(default=None, repr=False)
+    # Serve a GGUF without model-manifest.json from SageMaker's model directory anyway.
+    allow_unverified_model: bool = False
+    # Seconds a request body may take to arrive in full (408 after that).
+    body_timeout_seconds: float = 30.0
+    # After SIGTERM: seconds in-flight work may still run before it is cancelled.
+    shutdown_grace_seconds: float = 20.0
 
     @property
     def kv_cells(self) -> int:
         """KV cache size: one full prompt plus as much again for batched decision branches."""
         return 2 * self.max_tokens
+
+    @property
+    def in_sagemaker(self) -> bool:
+        """The model comes from SageMaker's model directory (the container contract)."""
+        if self.gguf_path is not None:
+            return _within(self.gguf_path, SAGEMAKER_MODEL_DIR)
+        return _within(self.model_dir, SAGEMAKER_MODEL_DIR)
+
+    @property
+    def manifest_required(self) -> bool:
+        """Inside SageMaker an unverified GGUF is refused unless explicitly allowed."""
+        return self.in_sagemaker and not self.allow_unverified_model
+
+    @property
+    def guard_invocations(self) -> bool:
+        """Whether SEMIF_API_KEY also guards /invocations and the SageMaker runtime path:
+        outside SageMaker it does; inside, SageMaker's IAM authenticates those and the
+        container never sees a key."""
+        return self.api_key is not None and not self.in_sagemaker
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None, low: int, high: int) -> int | None:
@@ -85,21 +134,64 @@ def _path(env: Mapping[str, str], name: str) -> Path | None:
     return Path(raw) if raw else None
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number; allowed {low:g}..{high:g}") from None
+    if not low <= value <= high:  # also refuses nan
+        raise SettingsError(f"{name}={raw} is out of range; allowed {low:g}..{high:g}")
+    return value
+
+
+def _lib_path(env: Mapping[str, str]) -> Path | None:
+    """An external llama.cpp build: a directory holding libllama (the binding loads it at
+    import, so this is checked before anything imports llama_cpp)."""
+    lib_path = _path(env, "LLAMA_CPP_LIB_PATH")
+    if lib_path is None:
+        return None
+    if not lib_path.is_dir():
+        raise SettingsError(f"LLAMA_CPP_LIB_PATH={lib_path} is not a directory")
+    if not any((lib_path / name).is_file() for name in _LIBLLAMA_NAMES):
+        raise SettingsError(
+            f"LLAMA_CPP_LIB_PATH={lib_path} holds no libllama.so; point it at a llama.cpp "
+            "build's library directory (the DLC's /opt/llama.cpp/bin) or unset it"
+        )
+    return lib_path
+
+
+def _api_key(env: Mapping[str, str]) -> str | None:
+    if "SEMIF_API_KEY" not in env:
+        return None
+    key = env["SEMIF_API_KEY"].strip()
+    if not key:
+        # A blank key must not silently turn authentication off.
+        raise SettingsError(
+            "SEMIF_API_KEY is set but blank; give a key, or unset it to run without one"
+        )
+    return key
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build Settings from `env` (default: the process environment), validating every value."""
     env = os.environ if env is None else env
     gguf_path = _path(env, "SEMIF_GGUF_PATH")
     if gguf_path is not None and not gguf_path.is_file():
         raise SettingsError(f"SEMIF_GGUF_PATH={gguf_path} is not a file; give an existing .gguf")
-    lib_path = _path(env, "LLAMA_CPP_LIB_PATH")
-    if lib_path is not None and not lib_path.is_dir():
-        raise SettingsError(f"LLAMA_CPP_LIB_PATH={lib_path} is not a directory")
+    lib_path = _lib_path(env)
     cpu_count = os.cpu_count() or 1
     max_tokens = _required_int(env, "SEMIF_MAX_TOKENS", 4096, 64, 131_072)
+    model_dir = _path(env, "SEMIF_MODEL_DIR") or Settings.model_dir
+    allow_unverified = _flag(env, "SEMIF_ALLOW_UNVERIFIED_MODEL", default=False)
+    located = Settings(model_dir=model_dir, gguf_path=gguf_path)
     return Settings(
         port=_port(env),
-        host=env.get("SEMIF_HOST", "").strip() or Settings.host,
-        model_dir=_path(env, "SEMIF_MODEL_DIR") or Settings.model_dir,
+        host=env.get("SEMIF_HOST", "").strip()
+        or (ALL_INTERFACES if located.in_sagemaker else LOOPBACK),
+        model_dir=model_dir,
         gguf_path=gguf_path,
         threads=_int(env, "SEMIF_THREADS", None, 1, max(cpu_count, 1024)),
         n_gpu_layers=_required_int(env, "SEMIF_N_GPU_LAYERS", 0, -1, 100_000),
@@ -113,5 +205,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_chat_tokens=_required_int(
             env, "SEMIF_MAX_CHAT_TOKENS", min(512, max_tokens), 1, max_tokens
         ),
-        api_key=env.get("SEMIF_API_KEY", "").strip() or None,
+        api_key=_api_key(env),
+        allow_unverified_model=allow_unverified,
+        body_timeout_seconds=_seconds(env, "SEMIF_BODY_TIMEOUT_SECONDS", 30.0, 1.0, 600.0),
+        # Below SageMaker's 30 s SIGTERM-to-SIGKILL window, leaving time to answer and exit.
+        shutdown_grace_seconds=_seconds(
+            env, "SEMIF_SHUTDOWN_GRACE_SECONDS", 20.0, 0.0, SAGEMAKER_STOP_GRACE_SECONDS - 5
+        ),
     )

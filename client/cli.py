@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -123,7 +124,10 @@ def _positive_int(text: str) -> int:
 def _client(args: argparse.Namespace) -> DecisionClient:
     retry = RetryPolicy(max_attempts=args.max_attempts, max_total_s=args.max_retry_s)
     if args.url:
-        return DecisionClient.for_url(args.url, retry=retry, timeout_s=args.timeout)
+        api_key = os.environ.get("SEMIF_API_KEY") or None
+        return DecisionClient.for_url(
+            args.url, retry=retry, timeout_s=args.timeout, api_key=api_key
+        )
     runtime_client = None
     if args.endpoint_url:
         import boto3

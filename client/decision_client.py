@@ -233,9 +233,13 @@ def _parse_answer(text: str | bytes) -> Any:
 class HttpTransport:
     """A local (or any HTTP) `serve`: POST {base_url}/invocations."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        # A local serve started with SEMIF_API_KEY guards every route but /ping.
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def describe(self) -> str:
         return self.base_url
@@ -400,9 +404,11 @@ class DecisionClient:
         *,
         retry: RetryPolicy | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        api_key: str | None = None,
     ) -> DecisionClient:
-        """A local or self-hosted `serve`, e.g. http://127.0.0.1:8080."""
-        return cls(HttpTransport(base_url, timeout_s=timeout_s), retry=retry)
+        """A local or self-hosted `serve`, e.g. http://127.0.0.1:8080; `api_key` is the
+        server's SEMIF_API_KEY, sent as a bearer token."""
+        return cls(HttpTransport(base_url, timeout_s=timeout_s, api_key=api_key), retry=retry)
 
     @classmethod
     def for_endpoint(

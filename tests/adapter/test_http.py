@@ -234,9 +234,9 @@ def test_ping_is_503_while_loading(tiny_model_dir: Path, monkeypatch: pytest.Mon
     release = threading.Event()
     real_load = runtime_module.load_service
 
-    def slow_load(settings: Settings) -> Any:
+    def slow_load(settings: Settings, *args: Any) -> Any:
         release.wait(10)
-        return real_load(settings)
+        return real_load(settings, *args)
 
     monkeypatch.setattr(runtime_module, "load_service", slow_load)
     with TestClient(create_app(Settings(model_dir=tiny_model_dir, threads=2))) as client:

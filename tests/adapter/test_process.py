@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -134,3 +135,116 @@ def test_readme_main_job_end_to_end(tmp_path: Path) -> None:
     assert "shared-decisions.json: 3 decision(s)" in out
     for decision_id in ("support-route", "queue", "priority", "refund"):
         assert f"  {decision_id} " in out
+
+
+# -- issue 10: start errors, keep-alive after bad input, body timeout, bounded shutdown ----
+
+
+def test_lib_path_without_libllama_stops_with_one_line(tmp_path: Path) -> None:
+    result = run_serve({"LLAMA_CPP_LIB_PATH": str(tmp_path)})
+    assert result.returncode != 0
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"serve: LLAMA_CPP_LIB_PATH={tmp_path} holds no libllama.so")
+
+
+def test_blank_api_key_stops_with_one_line() -> None:
+    result = run_serve({"SEMIF_API_KEY": "  "})
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "serve: SEMIF_API_KEY is set but blank; give a key, or unset it to run without one"
+    ]
+
+
+def test_port_in_use_stops_before_the_model_loads(tiny_model_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = run_serve(
+            {"SEMIF_MODEL_DIR": str(tiny_model_dir), "SEMIF_PORT": str(port)}, timeout=20
+        )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        f"serve: cannot listen on 127.0.0.1:{port} (SEMIF_HOST/SAGEMAKER_BIND_TO_PORT/"
+        "SEMIF_PORT): Address already in use"
+    ]
+    assert "model ready" not in result.stdout
+
+
+@pytest.fixture
+def served(tiny_model_dir: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "SEMIF_MODEL_DIR": str(tiny_model_dir),
+        "SEMIF_PORT": str(port),
+        "SEMIF_BODY_TIMEOUT_SECONDS": "1",
+        "SEMIF_SHUTDOWN_GRACE_SECONDS": "2",
+    }
+    process = subprocess.Popen([SERVE], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                connection.request("GET", "/ping")
+                if connection.getresponse().status == 200:
+                    break
+            except OSError:
+                time.sleep(0.05)
+        yield port, process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def test_bad_unicode_keeps_the_connection_and_logs_one_line(
+    served: tuple[int, subprocess.Popen[bytes]],
+) -> None:
+    port, process = served
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"content-type": "application/json"}
+    connection.request("POST", "/invocations", body=b'{"decision":{"\\ud800":1}}', headers=headers)
+    bad = connection.getresponse()
+    assert (bad.status, json.loads(bad.read())["field"]) == (400, 'decision["\\ud800"]')
+    connection.request(
+        "POST", "/invocations", body=json.dumps({"decision": decision()}), headers=headers
+    )
+    good = connection.getresponse()
+    assert good.status == 200
+    good.read()
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=15)
+    statuses = [
+        json.loads(line.split("adapter.requests ", 1)[1])["status"]
+        for line in out.decode().splitlines()
+        if "adapter.requests " in line
+    ]
+    assert statuses == [400, 200]
+    assert "Traceback" not in out.decode()
+
+
+def test_short_body_times_out_and_sigterm_exits_within_the_bound(
+    served: tuple[int, subprocess.Popen[bytes]],
+) -> None:
+    port, process = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /invocations HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"decision":'
+        )
+        started = time.monotonic()
+        answer = sock.recv(65536).decode()
+        waited = time.monotonic() - started
+    assert answer.startswith("HTTP/1.1 408 ")
+    assert waited < 5
+    idle = socket.create_connection(("127.0.0.1", port), timeout=10)  # an idle keep-alive
+    try:
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        # uvicorn re-raises the signal once it has shut down: "terminated by SIGTERM".
+        assert process.wait(15) in (0, -signal.SIGTERM)
+        assert time.monotonic() - started < 8  # grace 2 s + backstop 4 s at most
+    finally:
+        idle.close()

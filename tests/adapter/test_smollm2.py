@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from adapter.labels import letter_mass_floor
 from adapter.schema import parse_decision_request
 from adapter.service import DecisionService
+from tests.support import injection
 from tests.support.models import open_test_model, service_of
 
 pytestmark = pytest.mark.slow  # the embedded SmolLM2: real-model behaviour
@@ -83,3 +85,21 @@ def test_new_question_about_same_state_reuses_the_state(service: DecisionService
     timing = follow_up["timing"]
     assert timing["reused_tokens"] > 60  # system prompt + the state
     assert timing["evaluated_tokens"] < follow_up["results"][0]["input_tokens"] / 2
+
+
+def test_prompts_without_markers_tokenize_exactly_as_before(service: DecisionService) -> None:
+    """Issue 10 item 2: keeping request text plain changes no token of a clean prompt."""
+    injection.assert_clean_tokenization_unchanged(service)
+
+
+def test_forged_markers_in_every_field_stay_plain_text(service: DecisionService) -> None:
+    injection.assert_forged_markers_stay_plain(service)
+
+
+def test_the_probe_decision_finds_most_mass_on_the_letters(smollm2_gguf: Path) -> None:
+    model = open_test_model(smollm2_gguf, kv_cells=1024, max_branches=1)
+    try:
+        assert model.letter_mass > 0.1  # measured 0.46; the floor is 3.3e-6
+        assert model.letter_mass > 1000 * letter_mass_floor(model.engine.n_vocab)
+    finally:
+        model.engine.close()

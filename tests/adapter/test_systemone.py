@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from adapter import settings as settings_module
 from adapter.labels import LabelError, LabelSet
 from adapter.prompts import PAIR_LABELS, SINGLE_LABELS, answer_labels, render_decision
 from adapter.readout import log_probabilities
@@ -262,8 +263,15 @@ def test_prompt_over_the_token_limit_is_a_400_naming_the_question(tiny_model_dir
     assert "(SEMIF_MAX_TOKENS)" in response.json()["error"]
 
 
-def test_api_key_guards_the_v1_routes_only(tiny_model_dir: Path) -> None:
-    settings = Settings(model_dir=tiny_model_dir, threads=1, api_key="s3cret")
+def test_api_key_guards_the_v1_routes_and_inside_sagemaker_only_those(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settings_module, "SAGEMAKER_MODEL_DIR", tiny_model_dir)
+    settings = Settings(
+        model_dir=tiny_model_dir, threads=1, api_key="s3cret", allow_unverified_model=True
+    )
+    assert settings.in_sagemaker
+    assert not settings.guard_invocations
     body = {"state": STATE, "questions": questions()}
     with serving(settings) as guarded:
         missing = post(guarded, body)
@@ -277,12 +285,14 @@ def test_api_key_guards_the_v1_routes_only(tiny_model_dir: Path) -> None:
         models = guarded.get("/v1/models")
         # SageMaker authenticates /invocations with IAM; the container cannot see a key.
         invoked = post(guarded, body, "/invocations")
+        ping = guarded.get("/ping")
     assert (missing.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
     assert accented.status_code == 401  # a non-ASCII key is a wrong key, not a crash
     assert missing.headers["www-authenticate"] == "Bearer"
     assert "SEMIF_API_KEY" in missing.json()["error"]
     assert models.status_code == 401
     assert invoked.status_code == 200
+    assert ping.status_code == 200
 
 
 def test_api_key_setting_is_read_and_never_printed() -> None:

@@ -18,6 +18,7 @@ from botocore.stub import Stubber
 
 from adapter.app import create_app
 from adapter.settings import Settings
+from client.cli import main
 from client.decision_client import (
     BusyError,
     ChoiceAnswer,
@@ -280,3 +281,36 @@ def _endpoint(status: str) -> dict[str, Any]:
 
 def test_wait_for_a_url_returns_when_ready(url: str) -> None:
     DecisionClient.for_url(url).wait_until_ready(timeout_s=10)
+
+
+def test_api_key_reaches_a_guarded_local_server(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside SageMaker a key guards /invocations: the client sends it as a bearer token,
+    and the CLI takes it from SEMIF_API_KEY (never from argv)."""
+    shutil.copy(tiny_gguf, tmp_path / tiny_gguf.name)
+    app = create_app(Settings(model_dir=tmp_path, max_tokens=1024, threads=1, api_key="k3y"))
+    with live_server(app) as base:
+        with pytest.raises(EndpointError) as refused:
+            DecisionClient.for_url(base, retry=FAST).decide(decision())
+        assert refused.value.status == 401
+        result = DecisionClient.for_url(base, retry=FAST, api_key="k3y").decide(decision())
+        assert sorted(result.option_ids) == ["account_access", "billing", "sales"]
+        monkeypatch.setenv("SEMIF_API_KEY", "k3y")
+        assert (
+            main(
+                [
+                    "decide",
+                    str(
+                        Path(__file__).resolve().parents[2]
+                        / "client"
+                        / "examples"
+                        / "decision.json"
+                    ),
+                    "--url",
+                    base,
+                    "--json",
+                ]
+            )
+            == 0
+        )
