@@ -3,14 +3,18 @@
 A custom resource (`Custom::EndpointCheck`, CDK Provider framework, `on_event` only) that
 depends on the endpoint, so it runs once the endpoint is InService, and again whenever the
 endpoint's config or image changes (its properties name them). The handler
-(`endpoint_probe/handler.py`) sends one small decision (option ids `yes`/`no`) or one
-short chat completion and checks the answer.
+(`endpoint_probe/handler.py`) sends the request body it is given (the stacks pass the same
+files `semif check` sends, `client/examples/check-*.json`) and checks the answer as the
+probe kind asks.
 """
 
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from aws_cdk import ArnFormat, Aws, CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
@@ -45,6 +49,7 @@ class EndpointCheck(Construct):
         *,
         endpoint: SageMakerEndpoint,
         probe: Probe,
+        body: Mapping[str, Any],
         log_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -129,6 +134,7 @@ class EndpointCheck(Construct):
             properties={
                 "EndpointName": endpoint.endpoint_name,
                 "Probe": probe.value,
+                "Body": json.dumps(body, separators=(",", ":")),
                 # A new config (image, model, settings) is a new name: the check runs again.
                 "EndpointConfigName": endpoint.endpoint_config.attr_endpoint_config_name,
             },

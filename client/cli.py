@@ -18,6 +18,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +35,16 @@ from client.decision_client import (
 
 TOP_PROBABILITIES = 5
 
-# The post-deploy check's requests: the same bodies the deploy's own check sends
-# (cdk_constructs/endpoint_probe/handler.py; tests/client/test_cli.py keeps them equal).
-DECISION_PROBE: dict[str, Any] = {
-    "decision": {
-        "id": "post-deploy-check",
-        "state": "The customer writes: my invoice shows the same charge twice this month.",
-        "question": "Is this message about billing?",
-        "options": [
-            {"id": "yes", "description": "Yes, it is about billing or payments."},
-            {"id": "no", "description": "No, it is about something else."},
-        ],
-    }
-}
-CHAT_PROBE: dict[str, Any] = {
-    "messages": [{"role": "user", "content": "Reply with the single word OK."}],
-    "max_tokens": 8,
-    "temperature": 0,
-}
+# The post-deploy check's requests, shared with the deploy's own check: the stacks pass the
+# same files to cdk_constructs/endpoint_probe/handler.py as its request body.
+CHECK_BODIES = {"decision": "check-decision.json", "chat": "check-chat.json"}
+
+
+def check_body(kind: str) -> dict[str, Any]:
+    """The request `semif check --probe KIND` (and the deploy's check) sends."""
+    text = resources.files("client.examples").joinpath(CHECK_BODIES[kind]).read_text()
+    body: dict[str, Any] = json.loads(text)
+    return body
 
 
 class UsageError(Exception):
@@ -195,9 +188,9 @@ def _wait(args: argparse.Namespace) -> None:
 
 
 def check_decision_answer(answer: Any) -> str:
-    """The summary of a valid answer to DECISION_PROBE; EndpointError for anything else."""
+    """The summary of a valid answer to the check decision; EndpointError for anything else."""
     result = answer.get("result") if isinstance(answer, dict) else None
-    expected = [option["id"] for option in DECISION_PROBE["decision"]["options"]]
+    expected = [option["id"] for option in check_body("decision")["decision"]["options"]]
     if not isinstance(result, dict) or result.get("option_ids") != expected:
         raise EndpointError(0, f"the check decision got a wrong answer: {str(answer)[:300]}")
     probabilities = [float(p) for p in result.get("probabilities", [])]
@@ -219,9 +212,9 @@ def check_chat_answer(answer: Any) -> str:
     return f"chat reply {content.strip()[:40]!r}"
 
 
-CHECKS: dict[str, tuple[dict[str, Any], Callable[[Any], str]]] = {
-    "decision": (DECISION_PROBE, check_decision_answer),
-    "chat": (CHAT_PROBE, check_chat_answer),
+CHECKS: dict[str, Callable[[Any], str]] = {
+    "decision": check_decision_answer,
+    "chat": check_chat_answer,
 }
 
 
@@ -229,8 +222,7 @@ def _check(args: argparse.Namespace) -> None:
     """Wait until the endpoint serves, then one real request that must answer right."""
     client = _client(args)
     client.wait_until_ready(args.wait_timeout, _progress())
-    body, check = CHECKS[args.probe]
-    summary = check(client.invoke(body))
+    summary = CHECKS[args.probe](client.invoke(check_body(args.probe)))
     print(f"ok: {client.transport.describe()} answered {summary}")
 
 

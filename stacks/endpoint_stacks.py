@@ -8,6 +8,8 @@ them with one real invocation (`EndpointCheck`).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from aws_cdk import CfnOutput, Stack
@@ -82,7 +84,12 @@ class DecisionEndpointStack(Stack):
         )
         EndpointAutoscaling(self, "Scaling", endpoint=self.endpoint, settings=settings.autoscaling)
         self.check = EndpointCheck(
-            self, "Check", endpoint=self.endpoint, probe=Probe.DECISION, log_key=model.key
+            self,
+            "Check",
+            endpoint=self.endpoint,
+            probe=Probe.DECISION,
+            body=check_body("decision"),
+            log_key=model.key,
         )
         # The build's own IMAGE_URI: the same image, without an output of an import.
         _outputs(self, "Decision", self.endpoint, self.check, self.image.output(IMAGE_URI_VARIABLE))
@@ -128,9 +135,24 @@ class StandardEndpointStack(Stack):
             log_key=model.key,
         )
         self.check = EndpointCheck(
-            self, "Check", endpoint=self.endpoint, probe=Probe.CHAT, log_key=model.key
+            self,
+            "Check",
+            endpoint=self.endpoint,
+            probe=Probe.CHAT,
+            body=check_body("chat"),
+            log_key=model.key,
         )
         _outputs(self, "Standard", self.endpoint, self.check, self.endpoint.image_uri)
+
+
+# The requests `semif check` sends (client/examples/check-*.json): one definition for the
+# deploy's check and the shell's, read as data so the stacks do not import the client.
+_CHECK_BODIES = Path(__file__).resolve().parents[1] / "client" / "examples"
+
+
+def check_body(kind: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads((_CHECK_BODIES / f"check-{kind}.json").read_text())
+    return body
 
 
 def _outputs(

@@ -2,10 +2,11 @@
 
 A CloudFormation custom resource (CDK Provider framework, `on_event` only) created after the
 endpoint is InService, and updated whenever the endpoint's config changes. Create/Update
-sends one small request through `sagemaker-runtime` InvokeEndpoint:
+sends the request in the resource's `Body` property through `sagemaker-runtime`
+InvokeEndpoint (the same files `semif check` sends, `client/examples/check-*.json`):
 
-- `decision`: one decision with the option ids `yes`/`no`; the answer must carry the same
-  id and option ids and probabilities that form a distribution;
+- `decision`: one decision; the answer must carry its id and option ids and probabilities
+  that form a distribution;
 - `chat`: one short chat completion; the answer must carry a message.
 
 A wrong answer, or an endpoint error (the container's status and body from ModelError),
@@ -34,22 +35,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 LOG = logging.getLogger()
 LOG.setLevel(logging.INFO)
 
-DECISION_PROBE: dict[str, Any] = {
-    "decision": {
-        "id": "post-deploy-check",
-        "state": "The customer writes: my invoice shows the same charge twice this month.",
-        "question": "Is this message about billing?",
-        "options": [
-            {"id": "yes", "description": "Yes, it is about billing or payments."},
-            {"id": "no", "description": "No, it is about something else."},
-        ],
-    }
-}
-CHAT_PROBE: dict[str, Any] = {
-    "messages": [{"role": "user", "content": "Reply with the single word OK."}],
-    "max_tokens": 8,
-    "temperature": 0,
-}
 RETRYABLE_CODES = {
     "ThrottlingException",
     "ServiceUnavailable",
@@ -69,12 +54,14 @@ class _RetryError(Exception):
     """An answer worth asking again (busy, throttled, not ready)."""
 
 
-def check_decision(answer: Any) -> str:
+def check_decision(body: Mapping[str, Any], answer: Any) -> str:
+    """The answer must be a distribution over exactly the decision's option ids."""
     result = answer.get("result") if isinstance(answer, dict) else None
     if not isinstance(result, dict):
         raise CheckFailedError(f"decision answer has no 'result': {str(answer)[:300]}")
-    expected = [option["id"] for option in DECISION_PROBE["decision"]["options"]]
-    if result.get("id") != "post-deploy-check" or result.get("option_ids") != expected:
+    decision = body["decision"]
+    expected = [option["id"] for option in decision["options"]]
+    if result.get("id") != decision["id"] or result.get("option_ids") != expected:
         raise CheckFailedError(f"decision answer does not match the request: {str(result)[:300]}")
     try:
         probabilities = [float(p) for p in result.get("probabilities", [])]
@@ -92,7 +79,7 @@ def check_decision(answer: Any) -> str:
     )
 
 
-def check_chat(answer: Any) -> str:
+def check_chat(body: Mapping[str, Any], answer: Any) -> str:
     choices = answer.get("choices") if isinstance(answer, dict) else None
     message = choices[0].get("message") if isinstance(choices, list) and choices else None
     content = message.get("content") if isinstance(message, dict) else None
@@ -101,9 +88,9 @@ def check_chat(answer: Any) -> str:
     return f"chat reply {content.strip()[:40]!r}"
 
 
-PROBES: dict[str, tuple[dict[str, Any], Callable[[Any], str]]] = {
-    "decision": (DECISION_PROBE, check_decision),
-    "chat": (CHAT_PROBE, check_chat),
+PROBES: dict[str, Callable[[Mapping[str, Any], Any], str]] = {
+    "decision": check_decision,
+    "chat": check_chat,
 }
 
 
@@ -146,17 +133,19 @@ def probe(
     runtime: Any,
     endpoint: str,
     kind: str,
+    body: Mapping[str, Any],
     remaining_s: Callable[[], float],
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """Send the probe of `kind`, retrying busy answers while time remains; the summary."""
+    """Send `body` and check the answer as `kind` asks, retrying busy answers while time
+    remains; the summary."""
     if kind not in PROBES:
         raise CheckFailedError(f"unknown probe {kind!r}; choose one of {sorted(PROBES)}")
-    body, check = PROBES[kind]
+    check = PROBES[kind]
     delay = 2.0
     while True:
         try:
-            return check(invoke_once(runtime, endpoint, body))
+            return check(body, invoke_once(runtime, endpoint, body))
         except _RetryError as busy:
             if remaining_s() < delay + SAFETY_MARGIN_S:
                 raise CheckFailedError(f"{endpoint} still not answering: {busy}") from None
@@ -186,7 +175,8 @@ def on_event(
         return float(context.get_remaining_time_in_millis()) / 1000.0
 
     try:
-        summary = probe(runtime or _runtime(), endpoint, str(props["Probe"]), remaining_s)
+        body = json.loads(str(props["Body"]))
+        summary = probe(runtime or _runtime(), endpoint, str(props["Probe"]), body, remaining_s)
     except CheckFailedError as failure:
         if event["RequestType"] == "Update" and rolling_back(
             cloudformation or boto3.client("cloudformation"), str(event["StackId"])

@@ -12,6 +12,10 @@ from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
 from cdk_constructs.endpoint_probe import handler
+from stacks.endpoint_stacks import check_body
+
+DECISION_BODY = check_body("decision")
+CHAT_BODY = check_body("chat")
 
 GOOD_DECISION = {
     "result": {
@@ -35,7 +39,11 @@ def _event(request: str = "Create", probe: str = "decision") -> dict[str, Any]:
     return {
         "RequestType": request,
         "StackId": "arn:aws:cloudformation:us-east-1:498765432107:stack/semif-dev-decision/x",
-        "ResourceProperties": {"EndpointName": "semif-dev-decision", "Probe": probe},
+        "ResourceProperties": {
+            "EndpointName": "semif-dev-decision",
+            "Probe": probe,
+            "Body": json.dumps(check_body(probe)),
+        },
     }
 
 
@@ -69,7 +77,7 @@ def _expect_invoke(stub: Stubber, body: dict[str, Any], answer: Any) -> None:
 
 def test_decision_probe_passes_and_reports_the_answer() -> None:
     runtime, stub = _runtime()
-    _expect_invoke(stub, handler.DECISION_PROBE, GOOD_DECISION)
+    _expect_invoke(stub, DECISION_BODY, GOOD_DECISION)
     with stub:
         result = handler.on_event(_event(), Context(), runtime=runtime)
     assert result["PhysicalResourceId"] == "check:semif-dev-decision"
@@ -79,7 +87,7 @@ def test_decision_probe_passes_and_reports_the_answer() -> None:
 
 def test_chat_probe_passes() -> None:
     runtime, stub = _runtime()
-    _expect_invoke(stub, handler.CHAT_PROBE, GOOD_CHAT)
+    _expect_invoke(stub, CHAT_BODY, GOOD_CHAT)
     with stub:
         result = handler.on_event(_event(probe="chat"), Context(), runtime=runtime)
     assert result["Data"]["Result"] == "chat reply 'OK'"
@@ -96,7 +104,7 @@ def test_chat_probe_passes() -> None:
 )
 def test_a_wrong_answer_fails_the_deploy(answer: dict[str, Any]) -> None:
     runtime, stub = _runtime()
-    _expect_invoke(stub, handler.DECISION_PROBE, answer)
+    _expect_invoke(stub, DECISION_BODY, answer)
     with stub, pytest.raises(handler.CheckFailedError):
         handler.on_event(_event(), Context(), runtime=runtime)
 
@@ -117,11 +125,11 @@ def test_the_endpoint_error_is_the_failure_reason() -> None:
 def test_busy_answers_are_retried_then_pass() -> None:
     runtime, stub = _runtime()
     stub.add_client_error("invoke_endpoint", "ThrottlingException", "slow down", 400)
-    _expect_invoke(stub, handler.DECISION_PROBE, GOOD_DECISION)
+    _expect_invoke(stub, DECISION_BODY, GOOD_DECISION)
     slept: list[float] = []
     with stub:
         summary = handler.probe(
-            runtime, "semif-dev-decision", "decision", lambda: 300.0, sleep=slept.append
+            runtime, "semif-dev-decision", "decision", DECISION_BODY, lambda: 300.0, slept.append
         )
     assert summary.startswith("decision yes=")
     assert slept == [2.0]
@@ -131,7 +139,9 @@ def test_retries_stop_before_the_lambda_timeout() -> None:
     runtime, stub = _runtime()
     stub.add_client_error("invoke_endpoint", "ThrottlingException", "slow down", 400)
     with stub, pytest.raises(handler.CheckFailedError, match="still not answering"):
-        handler.probe(runtime, "semif-dev-decision", "decision", lambda: 10.0, sleep=lambda _: None)
+        handler.probe(
+            runtime, "semif-dev-decision", "decision", DECISION_BODY, lambda: 10.0, lambda _: None
+        )
 
 
 def _cloudformation(status: str) -> tuple[Any, Stubber]:
@@ -157,7 +167,7 @@ def _cloudformation(status: str) -> tuple[Any, Stubber]:
 
 def test_a_failure_during_update_rollback_does_not_fail_the_rollback() -> None:
     runtime, stub = _runtime()
-    _expect_invoke(stub, handler.DECISION_PROBE, {"error": "x"})
+    _expect_invoke(stub, DECISION_BODY, {"error": "x"})
     cloudformation, cfn_stub = _cloudformation("UPDATE_ROLLBACK_IN_PROGRESS")
     with stub, cfn_stub:
         result = handler.on_event(
@@ -168,7 +178,7 @@ def test_a_failure_during_update_rollback_does_not_fail_the_rollback() -> None:
 
 def test_a_failure_during_an_update_fails_it() -> None:
     runtime, stub = _runtime()
-    _expect_invoke(stub, handler.DECISION_PROBE, {"error": "x"})
+    _expect_invoke(stub, DECISION_BODY, {"error": "x"})
     cloudformation, cfn_stub = _cloudformation("UPDATE_IN_PROGRESS")
     with stub, cfn_stub, pytest.raises(handler.CheckFailedError):
         handler.on_event(

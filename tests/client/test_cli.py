@@ -183,8 +183,8 @@ def test_check_rejects_a_wrong_answer(answer: dict[str, object]) -> None:
 
 
 def test_check_sends_what_the_deploy_check_sends() -> None:
-    from cdk_constructs.endpoint_probe import handler
-    from client import cli
+    from client.cli import check_body
+    from stacks.endpoint_stacks import check_body as deploy_check_body
 
-    assert cli.DECISION_PROBE == handler.DECISION_PROBE
-    assert cli.CHAT_PROBE == handler.CHAT_PROBE
+    for kind in ("decision", "chat"):
+        assert check_body(kind) == deploy_check_body(kind)
