@@ -17,7 +17,6 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from adapter.backends import load_backends
@@ -59,15 +58,17 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
     files = resolve_model_files(
         settings.model_dir, settings.gguf_path, require_manifest=settings.manifest_required
     )
-    loaded = open_model(
-        files.gguf,
-        kv_cells=settings.kv_cells,
-        # A question with letter-digit labels needs a sequence per distinct first letter.
-        max_branches=max(settings.max_shared_decisions, PAIR_LABEL_SEQUENCES),
-        threads=settings.threads,
-        n_gpu_layers=settings.n_gpu_layers,
-        prefix_reuse=settings.prefix_reuse,
-        cancel=cancel,
+    loaded = prepare_model(
+        LlamaEngine(
+            files.gguf,
+            kv_cells=settings.kv_cells,
+            # A question with letter-digit labels needs a sequence per distinct first letter.
+            max_branches=max(settings.max_shared_decisions, PAIR_LABEL_SEQUENCES),
+            threads=settings.threads,
+            n_gpu_layers=settings.n_gpu_layers,
+            prefix_reuse=settings.prefix_reuse,
+            cancel=cancel,
+        )
     )
     engine = loaded.engine
     try:
@@ -107,28 +108,10 @@ class LoadedModel:
     letter_mass: float = 1.0  # the probe decision's share of probability on A..P
 
 
-def open_model(
-    gguf: Path,
-    *,
-    kv_cells: int,
-    max_branches: int,
-    threads: int | None,
-    n_gpu_layers: int,
-    prefix_reuse: bool = True,
-    cancel: threading.Event | None = None,
-) -> LoadedModel:
-    """Load the GGUF, compile its chat template, check it keeps request text marked, probe
-    its labels and score one probe decision; a refused model frees its native memory
-    before the error propagates."""
-    engine = LlamaEngine(
-        gguf,
-        kv_cells=kv_cells,
-        max_branches=max_branches,
-        threads=threads,
-        n_gpu_layers=n_gpu_layers,
-        prefix_reuse=prefix_reuse,
-        cancel=cancel,
-    )
+def prepare_model(engine: LlamaEngine) -> LoadedModel:
+    """Make a loaded engine servable: compile its chat template, check it keeps request text
+    marked, probe its labels and score one probe decision. A refused model frees its native
+    memory (the engine is closed) before the error propagates."""
     try:
         bos, eos = engine.special_texts()
         template = ChatTemplate(engine.chat_template_source(), bos_token=bos, eos_token=eos)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adapter.runtime import LoadedModel, open_model
+from adapter.engine import LlamaEngine
+from adapter.runtime import LoadedModel, prepare_model
 from adapter.service import DecisionService
 
 
@@ -16,7 +17,7 @@ def open_test_model(
     prefix_reuse: bool = True,
     threads: int = 2,
 ) -> LoadedModel:
-    return open_model(
+    engine = LlamaEngine(
         gguf,
         kv_cells=kv_cells,
         max_branches=max_branches,
@@ -24,6 +25,7 @@ def open_test_model(
         n_gpu_layers=0,
         prefix_reuse=prefix_reuse,
     )
+    return prepare_model(engine)
 
 
 def service_of(model: LoadedModel, max_tokens: int = 1024) -> DecisionService:
