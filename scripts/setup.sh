@@ -13,7 +13,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # libllama and ggml, so the multimodal library (mtmd) is not built. pip caches the wheel.
   CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" \
     .venv/bin/python -m pip install --quiet --require-hashes -r requirements.txt
-  .venv/bin/python -m pip install --quiet --no-deps -e .
+  # setuptools warns about every editable install (a generic note, not about this project)
+  PYTHONWARNINGS="ignore:Editable installation" \
+    .venv/bin/python -m pip install --quiet --no-deps -e .
   echo "$want" > "$stamp"
 fi
 if [ -f package-lock.json ] && [ ! -d node_modules ]; then
