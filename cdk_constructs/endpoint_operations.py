@@ -159,7 +159,13 @@ class EndpointAlarms(Construct):
             dimensions = base if instance_type is None else {**base, "InstanceType": instance_type}
             label = "" if instance_type is None else f" on {instance_type}"
             prefix = "Variant" if instance_type is None else instance_type.replace(".", "")
-            self.alarms += self._alarm_set(prefix, label, dimensions, thresholds, gpu)
+            alarms = self._alarm_set(prefix, label, dimensions, thresholds, gpu)
+            self.alarms += alarms
+            # Rollback watches the per-type 5XX and latency alarms when there are pools (their
+            # metrics carry InstanceType), else the variant's: 2 x at most 5 pools fits
+            # SageMaker's 10 rollback alarms.
+            if (instance_type is None) == (not instance_types):
+                self.rollback_alarms += alarms[:2]  # 5XX rate and latency
         action = cloudwatch_actions.SnsAction(topic)
         for alarm in self.alarms:
             alarm.add_alarm_action(action)
@@ -235,5 +241,4 @@ class EndpointAlarms(Construct):
             )
             for name, description, alarm_metric, threshold in checks
         ]
-        self.rollback_alarms += alarms[:2]  # 5XX rate and latency
         return alarms

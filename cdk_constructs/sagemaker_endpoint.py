@@ -291,7 +291,9 @@ class SageMakerEndpoint(Construct):
             encryption_key=log_key,
             removal_policy=RemovalPolicy.DESTROY,  # fixed name: see the class doc
         )
-        self.role = self._execution_role(image=image, model=model, network=network)
+        self.role = self._execution_role(
+            image=image, model=model, network=network, rollback_alarms=rollback_alarms
+        )
         self.model = sagemaker.CfnModel(
             self,
             "Model",
@@ -361,6 +363,7 @@ class SageMakerEndpoint(Construct):
         image: EcrImage,
         model: ModelArtifact,
         network: NetworkSettings | None,
+        rollback_alarms: Sequence[cloudwatch.IAlarm],
     ) -> iam.Role:
         stack = Stack.of(self)
         role = iam.Role(
@@ -389,7 +392,9 @@ class SageMakerEndpoint(Construct):
             iam.PolicyStatement(
                 actions=["kms:Decrypt"],
                 resources=[model.key.key_arn],
-                conditions={"StringEquals": {"kms:ViaService": f"s3.{stack.region}.amazonaws.com"}},
+                conditions={
+                    "StringEquals": {"kms:ViaService": f"s3.{stack.region}.{stack.url_suffix}"}
+                },
             )
         )
         role.add_to_policy(
@@ -411,10 +416,29 @@ class SageMakerEndpoint(Construct):
         role.add_to_policy(
             iam.PolicyStatement(actions=["ecr:GetAuthorizationToken"], resources=["*"])
         )
+        if rollback_alarms:
+            # Blue/green auto-rollback: SageMaker reads the alarms as this role.
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["cloudwatch:DescribeAlarms"],
+                    resources=[alarm.alarm_arn for alarm in rollback_alarms],
+                )
+            )
+        # The instance metrics (memory, disk, GPU memory) the alarms watch are published as
+        # this role, into SageMaker's namespace only.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/Endpoints"}},
+            )
+        )
         # Actions AWS offers no resource-level scoping for; each adds its reason.
         unscoped = [
             "ecr:GetAuthorizationToken has no resource-level permissions (it only issues "
-            "a login token; image pulls are limited to the one image repository)"
+            "a login token; image pulls are limited to the one image repository)",
+            "cloudwatch:PutMetricData has no resource-level permissions; it is limited to "
+            "the /aws/sagemaker/Endpoints namespace by condition",
         ]
         if network is not None:
             self._allow_network(role, network)

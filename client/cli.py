@@ -205,7 +205,8 @@ def check_decision_answer(answer: Any) -> str:
 
 def check_chat_answer(answer: Any) -> str:
     choices = answer.get("choices") if isinstance(answer, dict) else None
-    message = choices[0].get("message") if isinstance(choices, list) and choices else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, str):
         raise EndpointError(0, f"the check chat got no message: {str(answer)[:300]}")

@@ -42,7 +42,11 @@ RETRYABLE_CODES = {
     "ModelNotReadyException",
 }
 RETRYABLE_MODEL_STATUS = {429, 503}
-SAFETY_MARGIN_S = 20.0
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 70  # above SageMaker's 60 s invocation limit
+# Another attempt starts only if a worst-case one (connect + read) still ends before the
+# Lambda's timeout, so the handler always answers CloudFormation itself.
+SAFETY_MARGIN_S = float(CONNECT_TIMEOUT_S + READ_TIMEOUT_S + 10)
 ROLLBACK_STATUSES = {"UPDATE_ROLLBACK_IN_PROGRESS", "ROLLBACK_IN_PROGRESS"}
 
 
@@ -81,7 +85,8 @@ def check_decision(body: Mapping[str, Any], answer: Any) -> str:
 
 def check_chat(body: Mapping[str, Any], answer: Any) -> str:
     choices = answer.get("choices") if isinstance(answer, dict) else None
-    message = choices[0].get("message") if isinstance(choices, list) and choices else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, str):
         raise CheckFailedError(f"chat answer has no message content: {str(answer)[:300]}")
@@ -95,7 +100,11 @@ PROBES: dict[str, Callable[[Mapping[str, Any], Any], str]] = {
 
 
 def _runtime() -> Any:
-    config = Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=70)
+    config = Config(
+        retries={"max_attempts": 1, "mode": "standard"},
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+    )
     return boto3.client("sagemaker-runtime", config=config)
 
 
@@ -177,7 +186,7 @@ def on_event(
     try:
         body = json.loads(str(props["Body"]))
         summary = probe(runtime or _runtime(), endpoint, str(props["Probe"]), body, remaining_s)
-    except CheckFailedError as failure:
+    except Exception as failure:  # any failure: a rollback must never be the one that fails
         if event["RequestType"] == "Update" and rolling_back(
             cloudformation or boto3.client("cloudformation"), str(event["StackId"])
         ):

@@ -29,6 +29,8 @@ from tests.cdk.support import (
 # Actions that AWS does not scope by resource; every other statement must name ARNs.
 UNSCOPED_ACTIONS = {
     "ecr:GetAuthorizationToken",
+    # SageMaker's instance metrics; limited to its namespace by condition.
+    "cloudwatch:PutMetricData",
     # The DLC mirror's authenticated ECR Public pull (login tokens only).
     "ecr-public:GetAuthorizationToken",
     "sts:GetServiceBearerToken",

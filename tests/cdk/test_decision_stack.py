@@ -236,7 +236,13 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
         {
             "Action": "kms:Decrypt",
             "Condition": Match.exact(
-                {"StringEquals": {"kms:ViaService": "s3.us-east-1.amazonaws.com"}}
+                {
+                    "StringEquals": {
+                        "kms:ViaService": {
+                            "Fn::Join": ["", ["s3.us-east-1.", {"Ref": "AWS::URLSuffix"}]]
+                        }
+                    }
+                }
             ),
             "Resource": import_value("semif-dev-artifact", "ArtifactsKey"),
         },
@@ -257,6 +263,18 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
                     ],
                 ]
             },
+        },
+        {  # blue/green auto-rollback reads exactly the rollback alarms as this role
+            "Action": "cloudwatch:DescribeAlarms",
+            "Resource": [
+                {"Fn::GetAtt": [Match.string_like_regexp("^AlarmsVariant5xx"), "Arn"]},
+                {"Fn::GetAtt": [Match.string_like_regexp("^AlarmsVariantLatency"), "Arn"]},
+            ],
+        },
+        {
+            "Action": "cloudwatch:PutMetricData",
+            "Condition": {"StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/Endpoints"}},
+            "Resource": "*",
         },
     ]
     template.has_resource_properties(

@@ -191,3 +191,28 @@ def test_delete_invokes_nothing() -> None:
     assert handler.on_event(event, Context(), runtime=object()) == {
         "PhysicalResourceId": "check:semif-dev-decision"
     }
+
+
+def test_an_unexpected_error_during_update_rollback_does_not_fail_the_rollback() -> None:
+    """Not only a wrong answer: anything the handler raises (here the runtime client
+    itself breaks) is logged during a rollback, never left to fail it."""
+
+    class Broken:
+        def invoke_endpoint(self, **_: Any) -> Any:
+            raise OSError("socket closed")
+
+    cloudformation, cfn_stub = _cloudformation("UPDATE_ROLLBACK_IN_PROGRESS")
+    with cfn_stub:
+        result = handler.on_event(
+            _event("Update"), Context(), runtime=Broken(), cloudformation=cloudformation
+        )
+    assert result["Data"]["Result"] == "rollback: socket closed"
+
+
+def test_a_malformed_chat_answer_is_a_check_failure() -> None:
+    with pytest.raises(handler.CheckFailedError, match="no message content"):
+        handler.check_chat(CHAT_BODY, {"choices": ["not an object"]})
+
+
+def test_another_attempt_starts_only_if_a_worst_case_one_fits() -> None:
+    assert handler.SAFETY_MARGIN_S > handler.CONNECT_TIMEOUT_S + handler.READ_TIMEOUT_S

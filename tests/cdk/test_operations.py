@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
+from cdk_constructs.sagemaker_endpoint import GpuPlacement
 from stacks.config import AlarmNotifications
 from stacks.environments import ENVIRONMENTS
 from tests.cdk.support import ALL_STACKS, Synth, resources, statements, synthesize_environment
@@ -214,3 +215,36 @@ def test_scaling_uses_the_service_linked_role(synth: Synth, env: str) -> None:
     ((_, target),) = resources(raw, "AWS::ApplicationAutoScaling::ScalableTarget")
     assert "RoleARN" not in target["Properties"]
     assert not [name for name, _ in resources(raw, "AWS::IAM::Role") if name.startswith("Scaling")]
+
+
+def _rollback_alarm_descriptions(raw: dict[str, Any]) -> list[str]:
+    ((_, endpoint),) = resources(raw, "AWS::SageMaker::Endpoint")
+    alarms = endpoint["Properties"]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
+    return [
+        raw["Resources"][alarm["AlarmName"]["Ref"]]["Properties"]["AlarmDescription"]
+        for alarm in alarms
+    ]
+
+
+def test_pool_endpoints_roll_back_on_their_per_type_alarms(tmp_path: Path) -> None:
+    """With pools, the metrics carry InstanceType: rollback watches each type's 5XX and
+    latency alarms, which for SageMaker's maximum of 5 pools is exactly its 10 alarms."""
+    gpu = ENVIRONMENTS["gpu"]
+    placement = gpu.decision.placement
+    assert isinstance(placement, GpuPlacement)
+    five = dataclasses.replace(
+        placement, instance_pools=(*placement.instance_pools, "ml.g5.4xlarge")
+    )
+    config = dataclasses.replace(gpu, decision=dataclasses.replace(gpu.decision, placement=five))
+    assembly = synthesize_environment(config, tmp_path)
+    raw = assembly.get_stack_by_name("semif-gpu-decision").template
+    descriptions = _rollback_alarm_descriptions(raw)
+    assert len(descriptions) == 10
+    for pool in five.instance_pools:
+        assert sum(f" on {pool} " in text for text in descriptions) == 2
+
+
+def test_endpoints_without_pools_roll_back_on_the_variant_alarms(synth: Synth) -> None:
+    descriptions = _rollback_alarm_descriptions(synth.templates["semif-dev-decision"])
+    assert len(descriptions) == 2
+    assert not any(" on ml." in text for text in descriptions)
