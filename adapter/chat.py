@@ -20,6 +20,9 @@ from adapter.fields import member_path
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4
+# Rendering and tokenizing a conversation costs time per message before the token limit can
+# be checked; far more turns than any prompt within SEMIF_MAX_TOKENS would hold are refused.
+MAX_MESSAGES = 512
 MAX_SEED = 2**32 - 1  # llama.cpp samplers take a uint32 seed
 _FIELDS = (
     "messages",
@@ -70,6 +73,8 @@ def _content(value: Any, path: str) -> str:
 def _messages(value: Any) -> list[dict[str, str]]:
     if not isinstance(value, list) or not value:
         raise RequestError("messages", "must be a non-empty array")
+    if len(value) > MAX_MESSAGES:
+        raise RequestError("messages", f"has {len(value)} messages; the limit is {MAX_MESSAGES}")
     messages = []
     for index, item in enumerate(value):
         path = f"messages[{index}]"

@@ -25,6 +25,7 @@ readout live in the modules that use it.
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import ctypes
 import os
@@ -278,7 +279,7 @@ class LlamaEngine:
             try:
                 text = raw.decode("utf-8") if raw else ""
             except UnicodeDecodeError:
-                continue  # no valid text can contain it
+                continue  # never matched: request and template text are valid UTF-8 strings
             if text:
                 found.append(SpecialToken(token, text, attr))
         found.sort(key=lambda special: len(special.text.encode("utf-8")), reverse=True)
@@ -322,8 +323,12 @@ class LlamaEngine:
     ) -> list[_Fragment]:
         """Cut every raw fragment at the occurrences of one special token."""
 
+        spans = sorted(user_spans)  # disjoint: only the last span starting before `end`
+        starts = [span_start for span_start, _ in spans]  # can reach back past `start`
+
         def user_owned(start: int, end: int) -> bool:
-            return any(start < span_end and span_start < end for span_start, span_end in user_spans)
+            index = bisect.bisect_left(starts, end) - 1
+            return index >= 0 and spans[index][1] > start
 
         result: list[_Fragment] = []
         length = len(special.text)

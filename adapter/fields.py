@@ -44,14 +44,16 @@ def only_fields(
     """Refuse unknown keys: a misspelt optional field must not be silently ignored."""
     for key in value:
         if key not in allowed:
-            raise shape_error(f"{path}.{key}", f"unknown field; allowed: {', '.join(allowed)}")
+            raise shape_error(
+                member_path(path, key), f"unknown field; allowed: {', '.join(allowed)}"
+            )
 
 
 def required(
     container: Mapping[str, Any], key: str, path: str, shape_error: ShapeError = RequestError
 ) -> Any:
     if key not in container:
-        raise shape_error(f"{path}.{key}", "is required")
+        raise shape_error(member_path(path, key), "is required")
     return container[key]
 
 

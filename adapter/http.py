@@ -243,8 +243,16 @@ def as_sagemaker_runtime(response: Response) -> Response:
         "OriginalStatusCode": response.status_code,
         "LogStreamArn": "local",
     }
+    # Keep what the container's answer told the connection and the caller (close after a
+    # body timeout, the request id, when to retry).
+    kept = {
+        name: response.headers[name]
+        for name in ("connection", "x-request-id", "retry-after")
+        if name in response.headers
+    }
     return json_response(
         424,
         body,
+        **kept,
         **{"x-amzn-errortype": "ModelError:http://internal.amazon.com/coral/com.amazon.sagemaker/"},
     )

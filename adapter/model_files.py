@@ -31,7 +31,7 @@ class ModelFiles:
     identity: dict[str, Any] = field(default_factory=dict)
     temperature: float = 1.0  # calibration applied to option probabilities
     # (size, mtime_ns) when verified: the load must read the very file that was checked.
-    stamp: tuple[int, int] = (0, 0)
+    stamp: tuple[int, ...] = ()
 
     def check_unchanged(self) -> None:
         """Refuse a GGUF that changed on disk since it was verified (during the load)."""
@@ -42,9 +42,11 @@ class ModelFiles:
             )
 
 
-def file_stamp(path: Path) -> tuple[int, int]:
+def file_stamp(path: Path) -> tuple[int, ...]:
+    """What changes when the file is rewritten or replaced: size, mtime, and inode, device
+    and ctime, which a copy that preserves mtime (`cp -p`, `rsync -t`) still changes."""
     stat = path.stat()
-    return stat.st_size, stat.st_mtime_ns
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev, stat.st_ctime_ns
 
 
 def discover_gguf(model_dir: Path) -> Path:

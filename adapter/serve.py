@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"serve: {error}")
     try:
         from adapter.app import create_app  # imports llama_cpp, which loads libllama
-    except OSError as error:  # a libllama that exists but cannot be loaded
+    # A libllama that exists but cannot be loaded: ctypes raises OSError, and the binding
+    # turns that into a RuntimeError ("Failed to load shared library ...").
+    except (OSError, RuntimeError) as error:
         sys.exit(
             f"serve: cannot load llama.cpp (LLAMA_CPP_LIB_PATH={settings.llama_lib_path}): {error}"
         )

@@ -90,6 +90,7 @@ class DecisionService:
     temperature: float = 1.0  # calibration.temperature from the model's manifest
     health: Health = field(default_factory=Health)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: bool = False
 
     @property
     def model_id(self) -> str:
@@ -103,6 +104,8 @@ class DecisionService:
         fit the KV cache is a retryable 503."""
         started = time.perf_counter()
         with self._lock:
+            if self._closed:  # a call that queued behind close() must not touch freed memory
+                raise UnavailableError("the server is shutting down", retryable=True)
             try:
                 yield time.perf_counter() - started
             except (NativeFailureError, NonFiniteLogitsError) as error:
@@ -120,6 +123,7 @@ class DecisionService:
         if not self._lock.acquire(timeout=wait_seconds):
             return False
         try:
+            self._closed = True
             self.engine.close()
         finally:
             self._lock.release()

@@ -25,6 +25,9 @@ ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - SageMaker reaches the container on it
 LOOPBACK = "127.0.0.1"
 # SageMaker sends SIGKILL 30 s after SIGTERM; in-flight work must end well before that.
 SAGEMAKER_STOP_GRACE_SECONDS = 30
+# The grace for in-flight work, plus serve's backstop (4 s) and the wait to free the model
+# (3 s), plus a second of margin, must end before SageMaker's SIGKILL.
+MAX_SHUTDOWN_GRACE_SECONDS = SAGEMAKER_STOP_GRACE_SECONDS - 8
 _LIBLLAMA_NAMES = ("libllama.so", "libllama.dylib", "llama.dll")
 
 
@@ -210,6 +213,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         body_timeout_seconds=_seconds(env, "SEMIF_BODY_TIMEOUT_SECONDS", 30.0, 1.0, 600.0),
         # Below SageMaker's 30 s SIGTERM-to-SIGKILL window, leaving time to answer and exit.
         shutdown_grace_seconds=_seconds(
-            env, "SEMIF_SHUTDOWN_GRACE_SECONDS", 20.0, 0.0, SAGEMAKER_STOP_GRACE_SECONDS - 5
+            env, "SEMIF_SHUTDOWN_GRACE_SECONDS", 20.0, 0.0, MAX_SHUTDOWN_GRACE_SECONDS
         ),
     )

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from adapter import fields
 from adapter.errors import RequestError, SchemaError
-from adapter.fields import JsonState
+from adapter.fields import JsonState, member_path
 from adapter.readout import SlotReadout
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService, ScoredBatch
@@ -63,7 +63,7 @@ def _noul(criteria: Any, path: str) -> tuple[Option, ...]:
     entry = fields.json_object(criteria, path, SchemaError)
     fields.only_fields(entry, path, tuple(NOUL_DEFAULTS), SchemaError)
     return tuple(
-        Option(key, _text(entry[key], f"{path}.{key}") if key in entry else default)
+        Option(key, _text(entry[key], member_path(path, key)) if key in entry else default)
         for key, default in NOUL_DEFAULTS.items()
     )
 
@@ -74,8 +74,8 @@ def _choice(criteria: Any, path: str) -> tuple[Option, ...]:
     options = []
     for key, description in entry.items():
         if not key.strip():
-            raise RequestError(path, "option keys must not be empty")
-        text = key if description is None else _text(description, f"{path}.{key}")
+            raise RequestError(member_path(path, key), "option keys must not be empty")
+        text = key if description is None else _text(description, member_path(path, key))
         options.append(Option(key, text))
     return tuple(options)
 
@@ -90,7 +90,7 @@ def _score(criteria: Any, path: str) -> tuple[Option, ...]:
 
 
 def _question(key: str, value: Any, state: JsonState) -> Question:
-    path = f"questions.{key}"
+    path = member_path("questions", key)
     entry = fields.json_object(value, path, SchemaError)
     fields.only_fields(entry, path, ("type", "instructions", "criteria"), SchemaError)
     kind = entry.get("type")
@@ -133,7 +133,7 @@ def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
     fields.count(questions, "questions", 1, max_questions)
     for key in questions:
         if not key.strip():
-            raise RequestError("questions", "question keys must not be empty")
+            raise RequestError(member_path("questions", key), "question keys must not be empty")
     parsed = [_question(key, value, state) for key, value in questions.items()]
     return SystemOneRequest(model=model, questions=parsed)
 
@@ -177,7 +177,7 @@ def answer(
     questions = request.questions
     batch = service.score(
         [question.decision for question in questions],
-        [f"questions.{question.key}" for question in questions],
+        [member_path("questions", question.key) for question in questions],
     )
     response = {
         "model": service.model_id,

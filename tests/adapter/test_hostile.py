@@ -355,3 +355,65 @@ def test_a_body_shorter_than_its_content_length_times_out_with_408(tmp_path: Pat
     assert body["field"] == "body"
     assert "SEMIF_BODY_TIMEOUT_SECONDS" in body["error"]
     assert headers[b"connection"] == b"close"
+
+
+# -- review regressions ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"decision": {**decision(), "": 1}}, 'decision[""]'),
+        ({"decisions": [{**decision(), "a b": 2}]}, 'decisions[0]["a b"]'),
+        (
+            {
+                "state": "s",
+                "questions": {
+                    "q": {"type": "choice", "instructions": "i", "criteria": {"a": None, "": 3}}
+                },
+            },
+            'questions.q.criteria[""]',
+        ),
+        (
+            {"state": "s", "questions": {"a b": {"type": "noul", "instructions": 3}}},
+            'questions["a b"].instructions',
+        ),
+    ],
+)
+def test_odd_keys_get_unambiguous_field_paths(
+    tiny_client: TestClient, body: dict[str, Any], field: str
+) -> None:
+    answer = post(tiny_client, json.dumps(body))
+    assert answer.status_code in (400, 422)
+    assert answer.json()["field"] == field
+
+
+def test_chat_with_too_many_messages_is_refused_before_rendering(tiny_client: TestClient) -> None:
+    messages = [{"role": "user", "content": "a"}] * 513
+    answer = post(tiny_client, json.dumps({"messages": messages}))
+    assert answer.status_code == 400
+    assert answer.json()["field"] == "messages"
+    assert "limit is 512" in answer.json()["error"]
+
+
+def test_thousands_of_user_spans_tokenize_like_plain_llama_cpp(
+    tiny_service: DecisionService,
+) -> None:
+    """Span lookup is by bisection (a linear scan made 28,000 tiny messages cost a minute
+    under the engine lock); with thousands of spans the tokens still equal llama.cpp's."""
+    messages = [{"role": "user", "content": "a"}] * 4000
+    prompt = render_chat_prompt(tiny_service.template, messages)
+    tokens = tiny_service.engine.tokenize_prompt(prompt.text, prompt.user_spans)
+    assert tokens == tiny_service.engine.tokenize(prompt.text)
+
+
+def test_the_sagemaker_route_keeps_connection_and_request_id_headers(
+    tiny_client: TestClient,
+) -> None:
+    answer = tiny_client.post(
+        "/endpoints/local/invocations",
+        content=b"{}",
+        headers={**HEADERS, "x-request-id": "req-1"},
+    )
+    assert answer.status_code == 424
+    assert answer.headers["x-request-id"] == "req-1"

@@ -135,6 +135,18 @@ def test_weights_rewritten_in_place_after_start_do_not_change_answers(
     assert fresh["option_logits"] != before["option_logits"]
 
 
+def test_a_gguf_replaced_with_its_mtime_kept_is_refused(tiny_model_dir: Path) -> None:
+    """`cp -p` / `rsync -t` keep size and mtime; the inode and ctime still change."""
+    files = resolve_model_files(tiny_model_dir, None)
+    stat = files.gguf.stat()
+    replacement = files.gguf.with_suffix(".new")
+    replacement.write_bytes(files.gguf.read_bytes())
+    os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    replacement.replace(files.gguf)
+    with pytest.raises(ModelFilesError, match="changed on disk while it was being loaded"):
+        files.check_unchanged()
+
+
 def test_a_gguf_that_changes_during_the_load_is_refused(tiny_model_dir: Path) -> None:
     files = resolve_model_files(tiny_model_dir, None)
     files.check_unchanged()
@@ -167,6 +179,8 @@ def test_lib_path_without_libllama_is_a_settings_error(tmp_path: Path) -> None:
         ("SEMIF_BODY_TIMEOUT_SECONDS", "0"),
         ("SEMIF_BODY_TIMEOUT_SECONDS", "nan"),
         ("SEMIF_SHUTDOWN_GRACE_SECONDS", "30"),
+        # grace + serve's 4 s backstop + 3 s to free the model must end before 30 s
+        ("SEMIF_SHUTDOWN_GRACE_SECONDS", "23"),
         ("SEMIF_SHUTDOWN_GRACE_SECONDS", "soon"),
     ],
 )

@@ -147,6 +147,14 @@ def test_lib_path_without_libllama_stops_with_one_line(tmp_path: Path) -> None:
     assert line.startswith(f"serve: LLAMA_CPP_LIB_PATH={tmp_path} holds no libllama.so")
 
 
+def test_a_libllama_that_cannot_load_stops_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "libllama.so").write_bytes(b"not a shared library")
+    result = run_serve({"LLAMA_CPP_LIB_PATH": str(tmp_path)})
+    assert result.returncode != 0
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"serve: cannot load llama.cpp (LLAMA_CPP_LIB_PATH={tmp_path})")
+
+
 def test_blank_api_key_stops_with_one_line() -> None:
     result = run_serve({"SEMIF_API_KEY": "  "})
     assert result.returncode != 0

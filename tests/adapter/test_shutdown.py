@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from adapter.engine import LlamaEngine
+from adapter.errors import UnavailableError
+from adapter.schema import parse_decision_request
 from adapter.settings import Settings
 from tests.support.live_server import runtime_of
 from tests.support.serving import decision, serving
@@ -107,3 +109,17 @@ def test_close_frees_the_model_only_when_no_call_holds_it(tiny_model_dir: Path) 
         with service.exclusive():
             assert service.close(0.05) is False  # busy: nothing freed
     assert service.engine._context is None  # freed at exit
+
+
+def test_a_call_queued_behind_close_is_a_retryable_503_not_a_use_after_free(
+    tiny_model_dir: Path,
+) -> None:
+    """close() frees the engine under the lock; whoever gets the lock after it must not
+    touch the freed model (it crashed the process before)."""
+    with serving(Settings(model_dir=tiny_model_dir, threads=1)) as client:
+        service = runtime_of(client.app).service
+        assert service is not None
+        assert service.close(1.0) is True
+        with pytest.raises(UnavailableError, match="shutting down") as refused:
+            service.decide(parse_decision_request({"decision": decision()}, 4)[1], "single")
+        assert refused.value.retryable
