@@ -28,6 +28,18 @@ from constructs import IConstruct, IValidation
 
 from cdk_constructs.validation import require
 
+# What a build that pushes to one repository (and reads it back) needs on that repository.
+ECR_PUSH_ACTIONS = (
+    "ecr:BatchCheckLayerAvailability",
+    "ecr:BatchGetImage",
+    "ecr:CompleteLayerUpload",
+    "ecr:DescribeImages",
+    "ecr:GetDownloadUrlForLayer",
+    "ecr:InitiateLayerUpload",
+    "ecr:PutImage",
+    "ecr:UploadLayerPart",
+)
+
 DIGEST_ATTRIBUTE = "IMAGE_DIGEST"
 PRIVATE_ECR_IMAGE = re.compile(
     r"^\d{12}\.dkr\.ecr\.[a-z]{2}(-[a-z]+)+-\d\.amazonaws\.com(\.cn)?"

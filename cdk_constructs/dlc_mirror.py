@@ -30,7 +30,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from cdk_constructs.build_project import BuildProject
-from cdk_constructs.container_image import EcrImage
+from cdk_constructs.container_image import ECR_PUSH_ACTIONS, EcrImage
 from cdk_constructs.deploy_time_build import DeployTimeBuild
 from cdk_constructs.nag import acknowledge
 from cdk_constructs.validation import require, require_digest_image
@@ -163,16 +163,7 @@ class DlcMirror(Construct):
             "tokens); every push and read is scoped to the one mirror repository.",
         )
         self.build_project.allow(
-            [
-                "ecr:BatchCheckLayerAvailability",
-                "ecr:BatchGetImage",
-                "ecr:CompleteLayerUpload",
-                "ecr:DescribeImages",
-                "ecr:GetDownloadUrlForLayer",
-                "ecr:InitiateLayerUpload",
-                "ecr:PutImage",
-                "ecr:UploadLayerPart",
-            ],
+            list(ECR_PUSH_ACTIONS),
             [self.repository.repository_arn],
         )
         spec = json.dumps(mirror_build_spec().to_build_spec(), sort_keys=True)

@@ -12,7 +12,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from cdk_constructs.build_project import BuildProject, RepoSource
-from cdk_constructs.container_image import DIGEST_ATTRIBUTE
+from cdk_constructs.container_image import DIGEST_ATTRIBUTE, ECR_PUSH_ACTIONS
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT
 from cdk_constructs.nag import acknowledge
 from cdk_constructs.validation import require_digest_image
@@ -158,16 +158,7 @@ class ImageBuildProject(Construct):
             "a login token, and every push/pull action is scoped to the one repository.",
         )
         self.build.allow(
-            [
-                "ecr:BatchCheckLayerAvailability",
-                "ecr:BatchGetImage",
-                "ecr:CompleteLayerUpload",
-                "ecr:DescribeImages",
-                "ecr:GetDownloadUrlForLayer",
-                "ecr:InitiateLayerUpload",
-                "ecr:PutImage",
-                "ecr:UploadLayerPart",
-            ],
+            list(ECR_PUSH_ACTIONS),
             [repository.repository_arn],
         )
         self.build.allow(
