@@ -17,6 +17,8 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from cdk_constructs.deploy_roles import service_principal
+
 BUILD_IMAGE = codebuild.LinuxBuildImage.AMAZON_LINUX_2023_5
 # CodeBuild's smallest queued timeout. A build waits at most this long for a host, then runs
 # at most its own timeout: together they end before the deploy-time waiter gives up.
@@ -86,19 +88,15 @@ class BuildProject(Construct):
             self,
             "Role",
             # Confused-deputy guard: only CodeBuild projects of this account and region.
-            assumed_by=iam.ServicePrincipal(
+            assumed_by=service_principal(
+                stack,
                 "codebuild.amazonaws.com",
-                conditions={
-                    "StringEquals": {"aws:SourceAccount": stack.account},
-                    "ArnLike": {
-                        "aws:SourceArn": stack.format_arn(
-                            service="codebuild",
-                            resource="project",
-                            resource_name="*",
-                            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
-                        )
-                    },
-                },
+                stack.format_arn(
+                    service="codebuild",
+                    resource="project",
+                    resource_name="*",
+                    arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+                ),
             ),
             description=description,
         )

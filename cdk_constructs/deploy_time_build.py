@@ -22,6 +22,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from cdk_constructs.deploy_roles import allow_logging, machinery_logs
 from cdk_constructs.nag import acknowledge
 
 HANDLER_DIR = Path(__file__).parent / "build_waiter"
@@ -48,15 +49,7 @@ class BuildWaiter(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, log_key: kms.IKey) -> None:
         super().__init__(scope, construct_id)
-        # Logs of the deploy machinery itself: removed with the stack in every environment,
-        # encrypted with the environment's key (whose policy admits CloudWatch Logs).
-        log_group = logs.LogGroup(
-            self,
-            "Logs",
-            retention=logs.RetentionDays.ONE_MONTH,
-            encryption_key=log_key,
-            removal_policy=RemovalPolicy.DESTROY,
-        )
+        log_group = machinery_logs(self, log_key)
         self.role = iam.Role(
             self,
             "HandlerRole",
@@ -87,13 +80,7 @@ class BuildWaiter(Construct):
             )
             for name in ("OnEvent", "Waiter")
         ]
-        for role in (self.role, *framework_roles):
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                    resources=[log_group.log_group_arn],
-                )
-            )
+        allow_logging((self.role, *framework_roles), log_group)
         self.provider = cr.Provider(
             self,
             "Provider",

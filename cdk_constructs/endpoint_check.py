@@ -16,14 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import ArnFormat, Aws, CustomResource, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aws, CustomResource, Duration, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from cdk_constructs.deploy_roles import allow_logging, machinery_logs
 from cdk_constructs.nag import acknowledge
 from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
 
@@ -54,13 +54,7 @@ class EndpointCheck(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        log_group = logs.LogGroup(
-            self,
-            "Logs",
-            retention=logs.RetentionDays.ONE_MONTH,
-            encryption_key=log_key,
-            removal_policy=RemovalPolicy.DESTROY,
-        )
+        log_group = machinery_logs(self, log_key)
         role = iam.Role(
             self,
             "HandlerRole",
@@ -90,13 +84,7 @@ class EndpointCheck(Construct):
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             description="CDK Provider framework function of the endpoint check",
         )
-        for each in (role, framework_role):
-            each.add_to_policy(
-                iam.PolicyStatement(
-                    actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                    resources=[log_group.log_group_arn],
-                )
-            )
+        allow_logging((role, framework_role), log_group)
         handler = lambda_.Function(
             self,
             "Handler",

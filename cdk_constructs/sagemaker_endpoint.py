@@ -24,6 +24,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from cdk_constructs.container_image import EcrImage
+from cdk_constructs.deploy_roles import service_principal
 from cdk_constructs.model_artifact import ModelArtifact
 from cdk_constructs.nag import acknowledge, nag_resource
 from cdk_constructs.validation import looks_like_placeholder, require, require_instance_type
@@ -370,18 +371,12 @@ class SageMakerEndpoint(Construct):
             self,
             "ExecutionRole",
             # Confused-deputy guard: only SageMaker acting for this account and region.
-            assumed_by=iam.ServicePrincipal(
+            assumed_by=service_principal(
+                stack,
                 "sagemaker.amazonaws.com",
-                conditions={
-                    "StringEquals": {"aws:SourceAccount": stack.account},
-                    "ArnLike": {
-                        "aws:SourceArn": stack.format_arn(
-                            service="sagemaker",
-                            resource="*",
-                            arn_format=ArnFormat.NO_RESOURCE_NAME,
-                        )
-                    },
-                },
+                stack.format_arn(
+                    service="sagemaker", resource="*", arn_format=ArnFormat.NO_RESOURCE_NAME
+                ),
             ),
             description=f"SageMaker execution role of {self.endpoint_name}",
         )

@@ -88,7 +88,7 @@ class DecisionEndpointStack(Stack):
             "Check",
             endpoint=self.endpoint,
             probe=Probe.DECISION,
-            body=check_body("decision"),
+            body=check_body(Probe.DECISION),
             log_key=model.key,
         )
         # The build's own IMAGE_URI: the same image, without an output of an import.
@@ -139,7 +139,7 @@ class StandardEndpointStack(Stack):
             "Check",
             endpoint=self.endpoint,
             probe=Probe.CHAT,
-            body=check_body("chat"),
+            body=check_body(Probe.CHAT),
             log_key=model.key,
         )
         _outputs(self, "Standard", self.endpoint, self.check, self.endpoint.image_uri)
@@ -150,8 +150,10 @@ class StandardEndpointStack(Stack):
 _CHECK_BODIES = Path(__file__).resolve().parents[1] / "client" / "examples"
 
 
-def check_body(kind: str) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads((_CHECK_BODIES / f"check-{kind}.json").read_text())
+def check_body(probe: Probe) -> dict[str, Any]:
+    """The request the check of `probe`'s kind sends."""
+    path = _CHECK_BODIES / f"check-{probe.value}.json"
+    body: dict[str, Any] = json.loads(path.read_text())
     return body
 
 

@@ -72,6 +72,19 @@ def test_gpu_layers_without_gpu_backend_stops_the_process(tiny_model_dir: Path) 
     )
 
 
+def wait_for_ping(port: int, timeout_s: float = 30) -> None:
+    """Poll a started `serve` until /ping answers 200 (the tests then see any failure)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            connection.request("GET", "/ping")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def served_tiny(tiny_model_dir: Path) -> Iterator[int]:
     port = free_port()
@@ -84,15 +97,7 @@ def served_tiny(tiny_model_dir: Path) -> Iterator[int]:
     }
     process = subprocess.Popen([SERVE], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                connection.request("GET", "/ping")
-                if connection.getresponse().status == 200:
-                    break
-            except OSError:
-                time.sleep(0.05)
+        wait_for_ping(port)
         yield port
     finally:
         process.terminate()
@@ -191,15 +196,7 @@ def served(tiny_model_dir: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]
     }
     process = subprocess.Popen([SERVE], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                connection.request("GET", "/ping")
-                if connection.getresponse().status == 200:
-                    break
-            except OSError:
-                time.sleep(0.05)
+        wait_for_ping(port)
         yield port, process
     finally:
         if process.poll() is None:

@@ -11,11 +11,12 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
+from cdk_constructs.endpoint_check import Probe
 from cdk_constructs.endpoint_probe import handler
 from stacks.endpoint_stacks import check_body
 
-DECISION_BODY = check_body("decision")
-CHAT_BODY = check_body("chat")
+DECISION_BODY = check_body(Probe.DECISION)
+CHAT_BODY = check_body(Probe.CHAT)
 
 GOOD_DECISION = {
     "result": {
@@ -42,7 +43,7 @@ def _event(request: str = "Create", probe: str = "decision") -> dict[str, Any]:
         "ResourceProperties": {
             "EndpointName": "semif-dev-decision",
             "Probe": probe,
-            "Body": json.dumps(check_body(probe)),
+            "Body": json.dumps(check_body(Probe(probe))),
         },
     }
 

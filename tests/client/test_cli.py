@@ -183,8 +183,9 @@ def test_check_rejects_a_wrong_answer(answer: dict[str, object]) -> None:
 
 
 def test_check_sends_what_the_deploy_check_sends() -> None:
+    from cdk_constructs.endpoint_check import Probe
     from client.cli import check_body
     from stacks.endpoint_stacks import check_body as deploy_check_body
 
-    for kind in ("decision", "chat"):
-        assert check_body(kind) == deploy_check_body(kind)
+    for probe in Probe:
+        assert check_body(probe.value) == deploy_check_body(probe)
