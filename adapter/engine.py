@@ -41,9 +41,31 @@ import llama_cpp._logger
 import numpy as np
 import numpy.typing as npt
 
+from adapter.kv_layout import (
+    FIRST_FREE_SEQUENCE,
+    JUNK_SEQUENCE,
+    MAX_SEQUENCES,
+    PAD_SEQUENCE,
+    UBATCH_ROWS,
+    PassPlan,
+    PrefixCache,
+)
+
 _ALL_LAYERS = 1_000_000
-_MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
-_UBATCH_TOKENS = 512
+# Resident prefixes kept between passes; the other sequence ids serve a pass's prompts, label
+# continuations and one generation.
+RESIDENT_PREFIXES = 64
+
+
+def exact_alignment() -> int:
+    """The block (in cells) that makes CPU attention sums independent of the layout: the
+    f16/f32 dot kernels accumulate by cell index modulo 32 with a symmetric reduction of
+    16-element halves on AVX2 and NEON (64 and 32 on AVX-512), and softmax sums groups of 8
+    (16 on AVX-512). See adapter/kv_layout.py."""
+    info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+    return 32 if "AVX512 = 1" in info else 16
+
+
 # Tokens llama.cpp's special-token parsing splits out of text; with parse_special off it
 # still splits USER_DEFINED ones, so only CONTROL and UNKNOWN can be forged.
 _SPECIAL_ATTRS = (
@@ -99,16 +121,21 @@ class PromptScore:
     logits: npt.NDArray[np.float32]
     input_tokens: int
     next_logits: dict[int, npt.NDArray[np.float32]] = field(default_factory=dict)
+    reused_tokens: int = 0  # taken from a resident prefix
+    rows: frozenset[int] = frozenset()  # rows of the pass on its path (shared ones too)
 
 
 @dataclass(frozen=True)
 class BatchTiming:
-    prefix_tokens: int
+    """What one pass cost: tokens reused from resident prefixes, rows decoded (shared
+    tokens once), pad rows spent on the exact layout, and the time."""
+
+    input_tokens: int
     reused_tokens: int
-    suffix_tokens: int
-    prefill_seconds: float
-    suffix_seconds: float
-    branch_waves: int
+    evaluated_tokens: int
+    pad_tokens: int
+    seconds: float
+    wiped: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,13 +212,8 @@ def read_weights_into_memory(params: llama_cpp.llama_model_params) -> None:
         )
 
 
-def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
-    length = 0
-    for left, right in zip(first, second, strict=False):
-        if left != right:
-            break
-        length += 1
-    return length
+class _ContextEvictedError(Exception):
+    """The arena was full under a generation: it was wiped, and the context is re-read."""
 
 
 class LlamaEngine:
@@ -206,6 +228,7 @@ class LlamaEngine:
         threads: int | None,
         n_gpu_layers: int,
         prefix_reuse: bool = True,
+        exact: bool = True,
         cancel: threading.Event | None = None,
     ) -> None:
         require_unified_kv_binding()
@@ -231,11 +254,18 @@ class LlamaEngine:
         context_params = llama_cpp.llama_context_default_params()
         context_params.n_ctx = kv_cells
         context_params.n_batch = kv_cells
-        context_params.n_ubatch = min(_UBATCH_TOKENS, kv_cells)
-        # One sequence holds the reusable prefix; the others are decision branches.
-        self.max_branches = max(1, min(max_branches, _MAX_SEQUENCES - 1))
-        context_params.n_seq_max = self.max_branches + 1
+        context_params.n_ubatch = min(UBATCH_ROWS, kv_cells)
+        # Sequence ids: JUNK, PAD, resident prefixes, one generation, the rest per pass.
+        spare = MAX_SEQUENCES - FIRST_FREE_SEQUENCE - RESIDENT_PREFIXES - 1
+        self.max_branches = max(1, min(max_branches, spare))
+        context_params.n_seq_max = MAX_SEQUENCES
         context_params.kv_unified = True
+        # Flash attention sums in tiles whose bounds move with the layout: off when exact.
+        context_params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            if exact
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        )
         n_threads = threads or os.cpu_count() or 1
         context_params.n_threads = n_threads
         context_params.n_threads_batch = n_threads
@@ -247,7 +277,13 @@ class LlamaEngine:
         self.kv_cells = kv_cells
         self.threads = n_threads
         self.prefix_reuse = prefix_reuse
-        self._cached: list[int] = []
+        self.exact = exact
+        self.cache = PrefixCache(
+            kv_cells,
+            alignment=exact_alignment() if exact else 1,
+            max_entries=RESIDENT_PREFIXES,
+        )
+        self._generation: GenerationRun | None = None
 
     # -- model facts ---------------------------------------------------------------------
 
@@ -399,6 +435,9 @@ class LlamaEngine:
             "max_branches": self.max_branches,
             "threads": self.threads,
             "prefix_reuse": self.prefix_reuse,
+            "resident_prefixes": RESIDENT_PREFIXES,
+            "exact_scoring": self.exact,
+            "kv_alignment": self.cache.alignment,
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
         }
 
@@ -409,155 +448,101 @@ class LlamaEngine:
         prompts: Sequence[Sequence[int]],
         continuations: Sequence[Sequence[int]] | None = None,
     ) -> tuple[list[PromptScore], BatchTiming]:
-        """Score every prompt; they share whatever token prefix they have in common.
+        """Score every prompt in one pass; prompts share whatever prefix they have in
+        common with each other and with the resident prefixes of earlier passes.
 
-        The common prefix (reused from the previous call where it matches) is decoded once
-        into sequence 0; each prompt's remaining tokens are decoded as a branch, as many
-        branches per batch as the KV cache and sequence count allow. `continuations[i]`
-        lists tokens whose next-token logits are wanted after prompt i (each costs one
-        extra token and one sequence in the same batch).
+        `continuations[i]` lists tokens whose next-token logits are wanted after prompt i
+        (each costs one extra row and sequence). Identical prompts are scored once. The
+        layout (adapter/kv_layout.py) makes every result independent of what the cache
+        held and of what else rode in the pass.
         """
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
         extra = continuations if continuations is not None else [()] * len(prompts)
         if len(extra) != len(prompts):
             raise ValueError("give one continuation list per prompt")
-        branches = list(zip(prompts, extra, strict=True))
-        longest = max(len(prompt) + len(tokens) for prompt, tokens in branches)
+        longest = max(
+            len(prompt) + len(tokens) for prompt, tokens in zip(prompts, extra, strict=True)
+        )
         if longest > self.kv_cells:
             # Checked before any decode: llama.cpp aborts the process on an oversized batch.
             raise CapacityError(f"a prompt needs {longest} KV cells; the cache has {self.kv_cells}")
-        prefix_length = min(len(prompt) for prompt in prompts) - 1
-        for prompt in prompts[1:]:
-            prefix_length = min(prefix_length, common_prefix_length(prompts[0], prompt))
-        prefix = list(prompts[0][:prefix_length])
+        distinct: dict[tuple[int, ...], set[int]] = {}
+        for prompt, tokens in zip(prompts, extra, strict=True):
+            distinct.setdefault(tuple(prompt), set()).update(tokens)
+        unique = [(prompt, sorted(tokens)) for prompt, tokens in distinct.items()]
+        sequences = sum(1 + len(tokens) for _, tokens in unique)
+        if sequences > self.max_branches:
+            raise CapacityError(
+                f"the pass needs {sequences} sequences; at most {self.max_branches} fit"
+            )
         if not self.prefix_reuse:
             self.reset()
+        started = time.perf_counter()
         try:
             self._check_cancel()
-            reused, prefill_seconds = self._extend_prefix(prefix)
-            scores: list[PromptScore] = []
-            waves = 0
-            started = time.perf_counter()
-            for wave in self._waves(branches, prefix_length):
-                self._check_cancel()
-                waves += 1
-                scores.extend(self._decode_branches(wave, prefix_length))
-            suffix_seconds = time.perf_counter() - started
+            try:
+                plan = self.cache.plan(unique)
+            except OverflowError as error:
+                raise CapacityError(str(error)) from None
+            outputs = self._run_pass(plan)
         except (NativeFailureError, CapacityError, CancelledWorkError):
             self.reset()
             raise
+        self.cache.commit(plan, unique)
+        by_prompt = {}
+        for (prompt, tokens), prompt_plan in zip(unique, plan.prompts, strict=True):
+            by_prompt[prompt] = PromptScore(
+                logits=outputs[prompt_plan.last_row],
+                input_tokens=len(prompt),
+                next_logits={
+                    token: outputs[row]
+                    for token, row in zip(tokens, prompt_plan.continuation_rows, strict=True)
+                },
+                reused_tokens=prompt_plan.reused,
+                rows=prompt_plan.new_rows,
+            )
+        scores = [by_prompt[tuple(prompt)] for prompt in prompts]
         timing = BatchTiming(
-            prefix_tokens=prefix_length,
-            reused_tokens=reused,
-            suffix_tokens=sum(len(prompt) - prefix_length for prompt in prompts),
-            prefill_seconds=prefill_seconds,
-            suffix_seconds=suffix_seconds,
-            branch_waves=waves,
+            input_tokens=sum(len(prompt) for prompt in prompts),
+            reused_tokens=sum(prompt_plan.reused for prompt_plan in plan.prompts),
+            evaluated_tokens=len(plan.rows) - plan.pad_rows,
+            pad_tokens=plan.pad_rows,
+            seconds=time.perf_counter() - started,
+            wiped=plan.wipe,
         )
         return scores, timing
 
-    def _check_cancel(self) -> None:
-        if self._cancel.is_set():
-            raise CancelledWorkError("cancelled: the server is shutting down")
-
-    def reset(self) -> None:
-        """Forget every cached token (after a failure, or to measure without reuse)."""
-        llama_cpp.llama_memory_clear(self._memory, True)
-        self._cached = []
-
-    def _extend_prefix(self, prefix: list[int]) -> tuple[int, float]:
-        """Make sequence 0 hold exactly `prefix`, evaluating only what the cache lacks."""
-        reused = common_prefix_length(self._cached, prefix)
-        if reused < len(self._cached) and not llama_cpp.llama_memory_seq_rm(
-            self._memory, 0, reused, -1
-        ):
-            self.reset()  # e.g. recurrent or sliding-window caches cannot drop a tail
-            reused = 0
-        self._cached = prefix[:reused]
-        started = time.perf_counter()
-        if len(prefix) > reused:
-            batch = llama_cpp.llama_batch_init(len(prefix) - reused, 0, 1)
-            try:
-                for offset, token in enumerate(prefix[reused:]):
-                    self._put(batch, offset, token, reused + offset, [0], wants_logits=False)
-                batch.n_tokens = len(prefix) - reused
-                self._decode(batch)
-            finally:
-                llama_cpp.llama_batch_free(batch)
-            self._cached = list(prefix)
-        return reused, time.perf_counter() - started
-
-    def _waves(self, items: list[_Branch], prefix_length: int) -> list[list[_Branch]]:
-        """Group branches into batches that fit the free KV cells and sequence ids."""
-        free_cells = self.kv_cells - prefix_length
-        waves: list[list[_Branch]] = [[]]
-        used_cells = used_sequences = 0
-        for prompt, tokens in items:
-            cells = len(prompt) - prefix_length + len(tokens)
-            sequences = 1 + len(tokens)
-            if cells > free_cells or sequences > self.max_branches:
-                raise CapacityError(
-                    f"a prompt needs {prefix_length + cells} KV cells and {sequences} "
-                    f"sequences; the cache has {self.kv_cells} and {self.max_branches}"
-                )
-            if waves[-1] and (
-                used_cells + cells > free_cells or used_sequences + sequences > self.max_branches
-            ):
-                waves.append([])
-                used_cells = used_sequences = 0
-            waves[-1].append((prompt, tokens))
-            used_cells += cells
-            used_sequences += sequences
-        return waves
-
-    def _decode_branches(self, wave: list[_Branch], prefix_length: int) -> list[PromptScore]:
-        """Decode one wave: each suffix once, shared by its branch and its continuations."""
-        total = sum(len(prompt) - prefix_length + len(tokens) for prompt, tokens in wave)
-        widest = 1 + max(len(tokens) for _, tokens in wave)
-        batch = llama_cpp.llama_batch_init(total, 0, widest)
-        outputs: list[tuple[int, list[int]]] = []
-        sequence = 0
+    def _run_pass(self, plan: PassPlan) -> dict[int, npt.NDArray[np.float32]]:
+        """Execute a pass plan: evictions, prefix copies, one decode, then drop the rows
+        that are not kept. Returns the logits of every row that asked for them."""
+        if plan.wipe:
+            llama_cpp.llama_memory_clear(self._memory, True)
+        for seq in plan.junk:
+            llama_cpp.llama_memory_seq_cp(self._memory, seq, JUNK_SEQUENCE, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        for source, target, length in plan.copies:
+            llama_cpp.llama_memory_seq_cp(self._memory, source, target, 0, length)
+        rows = plan.rows
+        widest = max(len(row.sequences) for row in rows)
+        batch = llama_cpp.llama_batch_init(len(rows), 0, widest)
         try:
-            row = 0
-            for prompt, tokens in wave:
-                # The branch's own sequence comes first: llama.cpp masks by a token's first id.
-                owned = list(range(sequence + 1, sequence + 2 + len(tokens)))
-                sequence = owned[-1]
-                for copy in owned:
-                    llama_cpp.llama_memory_seq_cp(self._memory, 0, copy, -1, -1)
-                suffix = prompt[prefix_length:]
-                for offset, token in enumerate(suffix):
-                    last = offset == len(suffix) - 1
-                    self._put(batch, row, token, prefix_length + offset, owned, wants_logits=last)
-                    row += 1
-                last_row = row - 1
-                next_rows = []
-                for token, continuation in zip(tokens, owned[1:], strict=True):
-                    self._put(batch, row, token, len(prompt), [continuation], wants_logits=True)
-                    next_rows.append(row)
-                    row += 1
-                outputs.append((last_row, next_rows))
-            batch.n_tokens = total
-            self._decode(batch)
-            scores = []
-            for (prompt, tokens), (last_row, next_rows) in zip(wave, outputs, strict=True):
-                next_logits = {
-                    token: self._logits(next_row)
-                    for token, next_row in zip(tokens, next_rows, strict=True)
-                }
-                scores.append(
-                    PromptScore(
-                        logits=self._logits(last_row),
-                        input_tokens=len(prompt),
-                        next_logits=next_logits,
-                    )
+            for index, row in enumerate(rows):
+                self._put(
+                    batch, index, row.token, row.position, row.sequences, wants_logits=row.logits
                 )
-            return scores
+            batch.n_tokens = len(rows)
+            self._decode(batch)
+            outputs = {index: self._logits(index) for index, row in enumerate(rows) if row.logits}
+            if plan.kept_pads:  # pads below kept rows stay occupied: no hole for the next pass
+                llama_cpp.llama_memory_seq_cp(
+                    self._memory, PAD_SEQUENCE, JUNK_SEQUENCE, 0, plan.kept_pads
+                )
+            return outputs
         finally:
             llama_cpp.llama_batch_free(batch)
-            for used in range(1, sequence + 1):
-                llama_cpp.llama_memory_seq_rm(self._memory, used, -1, -1)
+            for seq in plan.temporary:
+                llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
 
     def _logits(self, row: int) -> npt.NDArray[np.float32]:
         pointer = llama_cpp.llama_get_logits_ith(self._context, row)
@@ -565,7 +550,43 @@ class LlamaEngine:
             raise NativeFailureError(f"llama.cpp returned no logits for batch row {row}")
         return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy()
 
+    def _check_cancel(self) -> None:
+        if self._cancel.is_set():
+            raise CancelledWorkError("cancelled: the server is shutting down")
+
+    def reset(self) -> None:
+        """Forget every cached token (after a failure, or to measure without reuse). A
+        generation in progress re-reads its context at its next step."""
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self.cache.clear()
+        if self._generation is not None:
+            self._generation.evicted = True
+
     # -- generation (chat) ----------------------------------------------------------------
+
+    def start_generation(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        stop: Sequence[str] = (),
+    ) -> GenerationRun:
+        """Begin sampling up to `max_new_tokens` after `prompt` in a sequence of its own;
+        `GenerationRun.step` decodes one token at a time, so scoring passes can run between
+        steps. One generation at a time."""
+        if not prompt or max_new_tokens < 1:
+            raise ValueError("generation needs a prompt and at least one new token")
+        if len(prompt) + max_new_tokens > self.kv_cells:
+            raise CapacityError(
+                f"{len(prompt)} prompt tokens plus {max_new_tokens} new tokens need more KV "
+                f"cells than the cache has ({self.kv_cells})"
+            )
+        if self._generation is not None:
+            raise RuntimeError("a generation is already running")
+        run = GenerationRun(self, list(prompt), max_new_tokens, sampling, stop)
+        self._generation = run
+        return run
 
     def generate(
         self,
@@ -575,69 +596,32 @@ class LlamaEngine:
         sampling: Sampling,
         stop: Sequence[str] = (),
     ) -> Generation:
-        """Sample up to `max_new_tokens` after `prompt` in sequence 0, stopping at end of
-        generation or at the first `stop` string (which is not returned)."""
-        if not prompt or max_new_tokens < 1:
-            raise ValueError("generation needs a prompt and at least one new token")
-        if len(prompt) + max_new_tokens > self.kv_cells:
-            raise CapacityError(
-                f"{len(prompt)} prompt tokens plus {max_new_tokens} new tokens need more KV "
-                f"cells than the cache has ({self.kv_cells})"
-            )
-        if not self.prefix_reuse:
-            self.reset()
-        sampler = self._sampler(sampling)
-        try:
-            self._check_cancel()
-            reused, _ = self._extend_prefix(list(prompt[:-1]))
-            self._decode_next(prompt[-1], len(prompt) - 1)
-            text, count, finish = self._sample_loop(sampler, len(prompt), max_new_tokens, stop)
-        except (NativeFailureError, CapacityError, CancelledWorkError):
-            self.reset()
-            raise
-        finally:
-            llama_cpp.llama_sampler_free(sampler)
-        return Generation(
-            text=text,
-            prompt_tokens=len(prompt),
-            completion_tokens=count,
-            reused_tokens=reused,
-            finish_reason=finish,
+        """Generate to the end without interleaving (model checks and tests)."""
+        run = self.start_generation(
+            prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop
         )
-
-    def _sample_loop(
-        self, sampler: llama_cpp.llama_sampler_p, position: int, limit: int, stop: Sequence[str]
-    ) -> tuple[str, int, Literal["stop", "length"]]:
-        """Sample, check the stop rules, and decode each kept token at the next position."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = ""
-        count = 0
-        while True:
-            token = int(llama_cpp.llama_sampler_sample(sampler, self._context, -1))
-            if llama_cpp.llama_vocab_is_eog(self._vocab, token):
-                return text + decoder.decode(b"", final=True), count, "stop"
-            count += 1
-            scanned = len(text)
-            text += decoder.decode(self._piece_bytes(token))
-            cut = _first_stop(text, stop, scanned)
-            if cut is not None:
-                return text[:cut], count, "stop"
-            if count >= limit:
-                return text + decoder.decode(b"", final=True), count, "length"
-            self._check_cancel()
-            self._decode_next(token, position)
-            position += 1
-
-    def _decode_next(self, token: int, position: int) -> None:
-        """Append one token to sequence 0 with logits, keeping the prefix cache in step."""
-        batch = llama_cpp.llama_batch_init(1, 0, 1)
         try:
-            self._put(batch, 0, token, position, [0], wants_logits=True)
-            batch.n_tokens = 1
+            while not run.step():
+                pass
+        finally:
+            run.close()
+        return run.result()
+
+    def _decode_context(self, seq: int, tokens: Sequence[int], start: int) -> None:
+        """Decode tokens[start:] into `seq` (logits for the last), growing the arena."""
+        if self.cache.top + len(tokens) - start > self.kv_cells:
+            self.reset()
+            raise _ContextEvictedError
+        batch = llama_cpp.llama_batch_init(len(tokens) - start, 0, 1)
+        try:
+            for offset, token in enumerate(tokens[start:]):
+                last = start + offset == len(tokens) - 1
+                self._put(batch, offset, token, start + offset, [seq], wants_logits=last)
+            batch.n_tokens = len(tokens) - start
             self._decode(batch)
         finally:
             llama_cpp.llama_batch_free(batch)
-        self._cached.append(token)
+        self.cache.top += len(tokens) - start
 
     @staticmethod
     def _sampler(sampling: Sampling) -> llama_cpp.llama_sampler_p:
@@ -687,3 +671,104 @@ class LlamaEngine:
         if getattr(self, "_model", None):
             llama_cpp.llama_model_free(self._model)
             self._model = None
+
+
+class GenerationRun:
+    """One chat generation, a token per `step`, in a sequence of its own.
+
+    Sampling reads the logits of the last decode, so each step decodes the previous token
+    and samples the next at once; scoring passes may run between steps. Its cells join the
+    arena as they are decoded and stay there (relabelled to JUNK) after `close`; if the
+    arena is wiped meanwhile, the next step re-reads the whole context.
+    """
+
+    def __init__(
+        self,
+        engine: LlamaEngine,
+        prompt: list[int],
+        max_new_tokens: int,
+        sampling: Sampling,
+        stop: Sequence[str],
+    ) -> None:
+        self._engine = engine
+        self.prompt_tokens = len(prompt)
+        self._context = prompt
+        self._limit = max_new_tokens
+        self._stop = stop
+        self._sampler: llama_cpp.llama_sampler_p | None = engine._sampler(sampling)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._seq = engine.cache.reserve()
+        self.evicted = True  # the context is not (or no longer) in the cache
+        self._decoded = 0  # context tokens the sequence holds
+        self._text = ""
+        self._count = 0
+        self._finish: Literal["stop", "length"] | None = None
+        self.reused_tokens = -1
+
+    def step(self) -> bool:
+        """Decode what is due and sample one token; True once finished."""
+        if self._finish is not None:
+            return True
+        engine = self._engine
+        engine._check_cancel()
+        try:
+            self._catch_up()
+        except _ContextEvictedError:
+            self._catch_up()  # the wipe made room: the whole context fits now
+        assert self._sampler is not None  # set until close()
+        token = int(llama_cpp.llama_sampler_sample(self._sampler, engine._context, -1))
+        if llama_cpp.llama_vocab_is_eog(engine._vocab, token):
+            return self._end("stop", self._decoder.decode(b"", final=True))
+        self._count += 1
+        scanned = len(self._text)
+        self._text += self._decoder.decode(engine._piece_bytes(token))
+        cut = _first_stop(self._text, self._stop, scanned)
+        if cut is not None:
+            self._text = self._text[:cut]
+            return self._end("stop", "")
+        if self._count >= self._limit:
+            return self._end("length", self._decoder.decode(b"", final=True))
+        self._context.append(token)
+        return False
+
+    def _catch_up(self) -> None:
+        engine = self._engine
+        if self.evicted:
+            llama_cpp.llama_memory_seq_rm(engine._memory, self._seq, -1, -1)
+            base, length = engine.cache.longest_match(self._context[:-1])
+            if base is not None and length > 0:
+                llama_cpp.llama_memory_seq_cp(engine._memory, base, self._seq, 0, length)
+            if self.reused_tokens < 0:
+                self.reused_tokens = length
+            self._decoded = length
+            self.evicted = False
+        engine._decode_context(self._seq, self._context, self._decoded)
+        self._decoded = len(self._context)
+
+    def _end(self, finish: Literal["stop", "length"], tail: str) -> bool:
+        self._text += tail
+        self._finish = finish
+        return True
+
+    def close(self) -> None:
+        """Free the sampler and the sequence id; the cells stay occupied (as JUNK)."""
+        engine = self._engine
+        if self._sampler is not None:
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
+        if engine._context:
+            llama_cpp.llama_memory_seq_cp(engine._memory, self._seq, JUNK_SEQUENCE, -1, -1)
+            llama_cpp.llama_memory_seq_rm(engine._memory, self._seq, -1, -1)
+        engine.cache.release(self._seq)
+        engine._generation = None
+
+    def result(self) -> Generation:
+        if self._finish is None:
+            raise RuntimeError("the generation has not finished")
+        return Generation(
+            text=self._text,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self._count,
+            reused_tokens=max(self.reused_tokens, 0),
+            finish_reason=self._finish,
+        )

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from model_build.calibration import OPTION_ORDERS, OptionOrder
+
 # Where SageMaker unpacks model.tar.gz; serving from here is what "inside SageMaker" means.
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - SageMaker reaches the container on its own interface
@@ -55,8 +57,19 @@ class Settings:
     threads: int | None = None
     n_gpu_layers: int = 0
     max_tokens: int = 4096
-    max_in_flight: int = 1
     max_shared_decisions: int = 64
+    # Continuous batching: requests waiting for a pass, and how long one may wait there.
+    max_queue: int = 256
+    queue_timeout_seconds: float = 20.0
+    # Queue plus scoring; past it the request is dropped between passes (a retryable 503).
+    request_timeout_seconds: float = 50.0
+    # Requests one batched pass takes; 1 scores one request at a time (serial).
+    max_batch_requests: int = 32
+    # Tokens one request may cost: every prompt and label continuation of its decisions.
+    max_request_tokens: int = 16_384
+    # Bit-identical scores whatever came before or rode along (aligned KV layout, no
+    # flash attention); false trades that for a little speed.
+    exact_scoring: bool = True
     max_body_bytes: int = 1 << 20
     llama_lib_path: Path | None = None
     prefix_reuse: bool = True
@@ -69,11 +82,13 @@ class Settings:
     body_timeout_seconds: float = 30.0
     # After SIGTERM: seconds in-flight work may still run before it is cancelled.
     shutdown_grace_seconds: float = 20.0
+    # How options are ordered in prompts when a request does not say (adapter.ordering).
+    option_order: OptionOrder = "canonical"
 
     @property
     def kv_cells(self) -> int:
-        """KV cache size: one full prompt plus as much again for batched decision branches."""
-        return 2 * self.max_tokens
+        """KV cache size: room for resident prefixes and a batched pass of several prompts."""
+        return 4 * self.max_tokens
 
     @property
     def in_sagemaker(self) -> bool:
@@ -150,6 +165,18 @@ def _seconds(env: Mapping[str, str], name: str, default: float, low: float, high
     return value
 
 
+def _option_order(env: Mapping[str, str]) -> OptionOrder:
+    raw = env.get("SEMIF_OPTION_ORDER", "").strip()
+    if not raw:
+        return Settings.option_order
+    for mode in OPTION_ORDERS:
+        if raw == mode:
+            return mode
+    raise SettingsError(
+        f"SEMIF_OPTION_ORDER={raw!r} is not allowed; allowed {', '.join(OPTION_ORDERS)}"
+    )
+
+
 def _lib_path(env: Mapping[str, str]) -> Path | None:
     """An external llama.cpp build: a directory holding libllama (the binding loads it at
     import, so this is checked before anything imports llama_cpp)."""
@@ -190,6 +217,22 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     model_dir = _path(env, "SEMIF_MODEL_DIR") or Settings.model_dir
     allow_unverified = _flag(env, "SEMIF_ALLOW_UNVERIFIED_MODEL", default=False)
     located = Settings(model_dir=model_dir, gguf_path=gguf_path)
+    if env.get("SEMIF_MAX_IN_FLIGHT", "").strip():
+        raise SettingsError(
+            "SEMIF_MAX_IN_FLIGHT is no longer read: requests now queue for batched passes; "
+            "use SEMIF_MAX_QUEUE (waiting requests) and SEMIF_MAX_BATCH_REQUESTS (requests "
+            "per pass) instead, and unset it"
+        )
+    queue_timeout = _seconds(env, "SEMIF_QUEUE_TIMEOUT_S", 20.0, 0.1, 55.0)
+    request_timeout = _seconds(env, "SEMIF_REQUEST_TIMEOUT_S", 50.0, 1.0, 3600.0)
+    if request_timeout < queue_timeout:
+        raise SettingsError(
+            f"SEMIF_REQUEST_TIMEOUT_S={request_timeout:g} is below SEMIF_QUEUE_TIMEOUT_S="
+            f"{queue_timeout:g}; the request deadline covers the queue wait"
+        )
+    max_request_tokens = _required_int(
+        env, "SEMIF_MAX_REQUEST_TOKENS", max(16_384, max_tokens), max_tokens, 1 << 20
+    )
     return Settings(
         port=_port(env),
         host=env.get("SEMIF_HOST", "").strip()
@@ -199,8 +242,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         threads=_int(env, "SEMIF_THREADS", None, 1, max(cpu_count, 1024)),
         n_gpu_layers=_required_int(env, "SEMIF_N_GPU_LAYERS", 0, -1, 100_000),
         max_tokens=max_tokens,
-        max_in_flight=_required_int(env, "SEMIF_MAX_IN_FLIGHT", 1, 1, 64),
         max_shared_decisions=_required_int(env, "SEMIF_MAX_SHARED_DECISIONS", 64, 1, 1024),
+        max_queue=_required_int(env, "SEMIF_MAX_QUEUE", 256, 1, 4096),
+        queue_timeout_seconds=queue_timeout,
+        request_timeout_seconds=request_timeout,
+        max_batch_requests=_required_int(env, "SEMIF_MAX_BATCH_REQUESTS", 32, 1, 256),
+        max_request_tokens=max_request_tokens,
+        exact_scoring=_flag(env, "SEMIF_EXACT_SCORING", default=True),
         max_body_bytes=_required_int(env, "SEMIF_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20),
         llama_lib_path=lib_path,
         prefix_reuse=_flag(env, "SEMIF_PREFIX_REUSE", default=True),
@@ -215,4 +263,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         shutdown_grace_seconds=_seconds(
             env, "SEMIF_SHUTDOWN_GRACE_SECONDS", 20.0, 0.0, MAX_SHUTDOWN_GRACE_SECONDS
         ),
+        option_order=_option_order(env),
     )
