@@ -102,6 +102,13 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Each queued request waits for the scheduler in a worker thread: allow a thread
+        # for every queued and batched request, so none waits for a thread instead.
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(
+            limiter.total_tokens, settings.max_queue + settings.max_batch_requests + 8
+        )
+
         async def load() -> None:
             try:
                 await anyio.to_thread.run_sync(runtime.load)

@@ -232,6 +232,10 @@ class LlamaEngine:
         cancel: threading.Event | None = None,
     ) -> None:
         require_unified_kv_binding()
+        if kv_cells < MAX_SEQUENCES:  # llama.cpp aborts on a context smaller than n_seq_max
+            raise ModelLoadError(
+                f"the KV cache needs at least {MAX_SEQUENCES} cells, not {kv_cells}"
+            )
         llama_cpp._logger.set_verbose(False)  # native INFO chatter off; errors still print
         llama_cpp.llama_backend_init()
         self._cancel = cancel or threading.Event()

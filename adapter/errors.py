@@ -93,11 +93,13 @@ class UnavailableError(ApiError):
     retry after `Retry-After` seconds can succeed."""
 
     status = 503
-    RETRY_AFTER_SECONDS: ClassVar[int] = 1
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
-        super().__init__(message, retryable=retryable)
+    def __init__(self, message: str, *, retryable: bool, retry_after: int = 1) -> None:
+        # The hint is in the body too: SageMaker's InvokeEndpoint drops container headers.
+        extra: dict[str, Any] = {"retry_after_seconds": retry_after} if retryable else {}
+        super().__init__(message, retryable=retryable, **extra)
         self.retryable = retryable
+        self.retry_after = retry_after
 
     def headers(self) -> dict[str, str]:
-        return {"retry-after": str(self.RETRY_AFTER_SECONDS)} if self.retryable else {}
+        return {"retry-after": str(self.retry_after)} if self.retryable else {}

@@ -15,7 +15,7 @@ import anyio.to_thread
 from adapter import chat, systemone
 from adapter.errors import RequestError
 from adapter.runtime import Runtime
-from adapter.schema import parse_decision_request
+from adapter.schema import parse_decision_body
 
 Result = tuple[dict[str, Any], dict[str, Any]]
 Handler = Callable[[Runtime, Any, str], Any]
@@ -23,9 +23,10 @@ Handler = Callable[[Runtime, Any, str], Any]
 
 async def decide(runtime: Runtime, body: Any, request_id: str) -> Result:
     """The decision API: one decision, or a shared-state batch scored as branches."""
-    mode, decisions = parse_decision_request(body, runtime.settings.max_shared_decisions)
+    request = parse_decision_body(body, runtime.settings.max_shared_decisions)
+    mode, decisions = request.mode, request.decisions
     async with runtime.admit() as service:
-        scored = await anyio.to_thread.run_sync(service.decide, decisions, mode)
+        scored = await anyio.to_thread.run_sync(service.decide, decisions, mode, request.policy)
     results = scored["results"]
     response: dict[str, Any] = {"result": results[0]} if mode == "single" else {"results": results}
     response.update(model=service.model, timing=scored["timing"], request_id=request_id)

@@ -9,10 +9,11 @@ refused unless SEMIF_ALLOW_UNVERIFIED_MODEL=true says otherwise.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from model_build.calibration import Calibration
 from model_build.embedded import sha256_of
 from model_build.manifest import Manifest, ManifestError, load_manifest
 
@@ -29,7 +30,7 @@ class ModelFiles:
 
     gguf: Path
     identity: dict[str, Any] = field(default_factory=dict)
-    temperature: float = 1.0  # calibration applied to option probabilities
+    calibration: Calibration | None = None  # the manifest's, applied to option probabilities
     # (size, mtime_ns) when verified: the load must read the very file that was checked.
     stamp: tuple[int, ...] = ()
 
@@ -87,14 +88,13 @@ def resolve_model_files(
             stamp=stamp,
         )
     manifest = _load(manifest_path)
-    calibration = manifest.calibration
     identity = verify_against_manifest(gguf, manifest_path, manifest)
     if file_stamp(gguf) != stamp:
         raise ModelFilesError(f"{gguf.name} changed on disk while its sha256 was checked")
     return ModelFiles(
         gguf=gguf,
         identity=identity,
-        temperature=calibration.temperature if calibration is not None else 1.0,
+        calibration=manifest.calibration,
         stamp=stamp,
     )
 
@@ -131,6 +131,19 @@ def verify_against_manifest(gguf: Path, manifest_path: Path, manifest: Manifest)
         "revision": manifest.source.revision,
         "architecture": expected.architecture,
         "file_type": expected.file_type,
-        "calibration": None if manifest.calibration is None else asdict(manifest.calibration),
+        "calibration": calibration_summary(manifest.calibration),
         "manifest": MANIFEST_NAME,
+    }
+
+
+def calibration_summary(calibration: Calibration | None) -> dict[str, Any] | None:
+    """What a response reports of the calibration: enough to tell which fit produced its
+    probabilities (the priors, counts and fit metrics stay in the manifest)."""
+    if calibration is None:
+        return None
+    return {
+        "prompt_version": calibration.prompt_version,
+        "option_order": calibration.option_order,
+        "temperatures": dict(calibration.temperatures),
+        "tasks_sha256": calibration.tasks_sha256,
     }

@@ -5,8 +5,8 @@ SageMaker's model directory), engine (weights read into memory), chat template (
 keep request-text markers), answer-label probe, one scored probe decision (finite logits,
 plausible letter mass). Each failure is one readable line; /ping answers 503 while loading
 and after a failure so SageMaker never routes traffic to a model that is not usable.
-Admission (is the model ready, is a slot free, is the server stopping) is decided here and
-nowhere else. At shutdown admission stops at once and in-flight work is cancelled after
+Admission (is the model ready and healthy, is the server stopping) is decided here and
+nowhere else; the scheduler bounds the queue behind it. At shutdown admission stops at once and in-flight work is cancelled after
 the grace period (`begin_shutdown`).
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from adapter.backends import load_backends
+from adapter.calibration import check_calibration
 from adapter.engine import LlamaEngine
 from adapter.errors import UnavailableError
 from adapter.labels import LabelSet, probe_decision, probe_labels
@@ -58,6 +59,7 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
     files = resolve_model_files(
         settings.model_dir, settings.gguf_path, require_manifest=settings.manifest_required
     )
+    check_calibration(files.calibration)  # before the load: a stale fit is refused at once
     loaded = prepare_model(
         LlamaEngine(
             files.gguf,
@@ -67,6 +69,7 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
             threads=settings.threads,
             n_gpu_layers=settings.n_gpu_layers,
             prefix_reuse=settings.prefix_reuse,
+            exact=settings.exact_scoring,
             cancel=cancel,
         )
     )
@@ -84,8 +87,12 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
             **engine.description(),
             "n_gpu_layers": settings.n_gpu_layers,
             "max_tokens": settings.max_tokens,
-            "max_in_flight": settings.max_in_flight,
             "max_shared_decisions": settings.max_shared_decisions,
+            "max_queue": settings.max_queue,
+            "queue_timeout_seconds": settings.queue_timeout_seconds,
+            "request_timeout_seconds": settings.request_timeout_seconds,
+            "max_batch_requests": settings.max_batch_requests,
+            "max_request_tokens": settings.max_request_tokens,
         },
     }
     return DecisionService(
@@ -94,7 +101,13 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
         labels=loaded.labels,
         max_tokens=settings.max_tokens,
         model=model,
-        temperature=files.temperature,
+        calibration=files.calibration,
+        option_order=settings.option_order,
+        max_request_tokens=settings.max_request_tokens,
+        request_timeout_seconds=settings.request_timeout_seconds,
+        max_queue=settings.max_queue,
+        queue_timeout_seconds=settings.queue_timeout_seconds,
+        max_batch_requests=settings.max_batch_requests,
     )
 
 
@@ -174,15 +187,14 @@ class Runtime:
 
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[DecisionService]:
-        """Take one of SEMIF_MAX_IN_FLIGHT slots, or refuse at once with a 503 that says
-        whether a retry can help (loading, busy) or not (unhealthy)."""
+        """Admit a validated request to the service (whose scheduler queues it), or refuse
+        at once with a 503 that says whether a retry can help (loading) or not (unhealthy).
+        A full queue is the scheduler's 503."""
         if self.stopping:
             raise UnavailableError("server is shutting down", retryable=True)
         if not self.healthy or self.service is None:
             message = "model is loading" if self.state == "loading" else "model is not healthy"
             raise UnavailableError(message, retryable=self.state == "loading")
-        if self.in_flight >= self.settings.max_in_flight:
-            raise UnavailableError("busy: all scoring slots are in use", retryable=True)
         self.in_flight += 1
         try:
             yield self.service

@@ -3,17 +3,25 @@
 Every rule violation raises RequestError with the JSON path of the offending field and the
 rule it broke, e.g. `decision.options[2].id: duplicate "billing"`, so callers can fix a
 request without reading server logs. The field rules themselves live in `adapter.fields`.
+
+Beside `decision`/`decisions` a body may say how to read them (`Policy`): `option_order`
+(`adapter.ordering`; the server's SEMIF_OPTION_ORDER when absent) and the abstention
+thresholds `min_confidence` (on the top option's probability) and `min_allowed_token_mass`
+(on the share of the model's probability that fell on the answer letters). A result below
+a threshold still carries its full distribution; it says `abstained: true` and why.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from adapter import fields
 from adapter.errors import RequestError
 from adapter.fields import JsonState
+from model_build.calibration import OPTION_ORDERS, OptionOrder
 
 MIN_OPTIONS = 2
 MAX_OPTIONS = 16
@@ -47,6 +55,60 @@ class Decision:
     @property
     def option_ids(self) -> list[str]:
         return [option.id for option in self.options]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a request's decisions are read: option order and abstention thresholds."""
+
+    option_order: OptionOrder | None = None  # None: the server's default
+    min_confidence: float | None = None
+    min_allowed_token_mass: float | None = None
+
+    def abstain_reason(self, probabilities: Sequence[float], mass: float) -> str | None:
+        """The threshold a reading falls below (the letter mass first: when the model
+        wanted to say something else, its option probabilities mean little), else None."""
+        if self.min_allowed_token_mass is not None and mass < self.min_allowed_token_mass:
+            return "min_allowed_token_mass"
+        if self.min_confidence is not None and max(probabilities) < self.min_confidence:
+            return "min_confidence"
+        return None
+
+
+DEFAULT_POLICY = Policy()  # the server's option order, no abstention
+POLICY_FIELDS = ("option_order", "min_confidence", "min_allowed_token_mass")
+
+
+def option_order(
+    value: Any, path: str, shape_error: fields.ShapeError = RequestError
+) -> OptionOrder:
+    """One of the option-order modes; the System One parser shares it."""
+    for mode in OPTION_ORDERS:
+        if value == mode:
+            return mode
+    if not isinstance(value, str):
+        raise shape_error(path, "must be a string")
+    raise RequestError(path, f"{json.dumps(value)} is not one of {', '.join(OPTION_ORDERS)}")
+
+
+def _fraction(entry: dict[str, Any], key: str) -> float | None:
+    if key not in entry:
+        return None
+    value = entry[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise RequestError(key, "must be a number from 0 to 1")
+    return float(value)
+
+
+def parse_policy(entry: dict[str, Any]) -> Policy:
+    """The reading policy beside the decisions (all fields optional)."""
+    return Policy(
+        option_order=option_order(entry["option_order"], "option_order")
+        if "option_order" in entry
+        else None,
+        min_confidence=_fraction(entry, "min_confidence"),
+        min_allowed_token_mass=_fraction(entry, "min_allowed_token_mass"),
+    )
 
 
 def _options(container: dict[str, Any], path: str) -> tuple[Option, ...]:
@@ -108,13 +170,29 @@ def parse_decisions(value: Any, max_shared: int) -> list[Decision]:
     return decisions
 
 
-def parse_decision_request(body: Any, max_shared: int) -> tuple[Mode, list[Decision]]:
-    """Return ("single", [d]) or ("shared", [d, ...]) for a decision API body."""
+@dataclass(frozen=True)
+class DecisionRequest:
+    mode: Mode
+    decisions: list[Decision]
+    policy: Policy
+
+
+def parse_decision_body(body: Any, max_shared: int) -> DecisionRequest:
+    """A decision API body: one decision ("single") or a shared-state batch ("shared"),
+    and the policy to read them with."""
     entry = fields.json_object(body, "body")
     has_single, has_shared = "decision" in entry, "decisions" in entry
     if has_single == has_shared:
         raise RequestError("body", 'give exactly one of "decision" or "decisions"')
-    fields.only_fields(entry, "body", ("decision",) if has_single else ("decisions",))
+    fields.only_fields(entry, "body", ("decision" if has_single else "decisions", *POLICY_FIELDS))
+    policy = parse_policy(entry)
     if has_single:
-        return "single", [parse_decision(entry["decision"], "decision")]
-    return "shared", parse_decisions(entry["decisions"], max_shared)
+        return DecisionRequest("single", [parse_decision(entry["decision"], "decision")], policy)
+    return DecisionRequest("shared", parse_decisions(entry["decisions"], max_shared), policy)
+
+
+def parse_decision_request(body: Any, max_shared: int) -> tuple[Mode, list[Decision]]:
+    """Return ("single", [d]) or ("shared", [d, ...]): the decisions alone, for callers
+    that read them with the server's policy."""
+    request = parse_decision_body(body, max_shared)
+    return request.mode, request.decisions

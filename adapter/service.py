@@ -1,30 +1,27 @@
-"""The one door to the engine: prompts, the token limit, scoring, readout and generation.
+"""The one door to the engine: prompts, the token limits, scoring, readout and generation.
 
-Every HTTP route (and the benchmarks) reaches the model through this service, so the token
-limit is checked in one place, the engine's lock is taken in one place, and a native
-failure marks the service unhealthy in one place.
+Every HTTP route (and the benchmarks) reaches the model through this service, so the
+token limits are checked in one place, before a request queues; the engine is used only by
+the scheduler's worker (adapter.scheduler), and a native failure marks the service
+unhealthy in one place.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from itertools import pairwise
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from adapter.engine import (
-    BatchTiming,
-    CancelledWorkError,
-    CapacityError,
-    Generation,
-    LlamaEngine,
-    NativeFailureError,
-    Sampling,
-)
+from adapter.calibration import describe
+from adapter.engine import Generation, LlamaEngine, Sampling
 from adapter.errors import RequestError, UnavailableError
 from adapter.labels import LabelError, LabelSet
+from adapter.ordering import Variants, expand, read
 from adapter.prompts import (
     PROMPT_VERSION,
     ChatTemplate,
@@ -36,7 +33,11 @@ from adapter.prompts import (
     render_decision_prompt,
 )
 from adapter.readout import READOUT, NonFiniteLogitsError, SlotReadout, read_labels
-from adapter.schema import Decision, Mode
+from adapter.scheduler import JobTiming, Scheduler
+from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy
+from model_build.calibration import Calibration, OptionOrder
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -49,90 +50,110 @@ class Health:
 
 @dataclass(frozen=True)
 class ScoredBatch:
-    """Readouts of one engine call, in request order, with how the work was done."""
+    """Readouts of one request's prompts, in request order, with how the work was done."""
 
     prompts: list[str]
     input_tokens: list[int]
+    reused_tokens: list[int]  # per prompt, from resident prefixes
     readouts: list[SlotReadout]
-    timing: BatchTiming
-    queue_seconds: float
+    timing: JobTiming
     total_seconds: float
-
-    @property
-    def distinct_input_tokens(self) -> int:
-        """Prompt tokens with the shared prefix counted once."""
-        return self.timing.prefix_tokens + self.timing.suffix_tokens
+    distinct_input_tokens: int  # prompt tokens with every shared prefix counted once
 
     def timing_json(self) -> dict[str, Any]:
         timing = self.timing
         return {
-            "prefix_tokens": timing.prefix_tokens,
+            "input_tokens": sum(self.input_tokens),
             "reused_tokens": timing.reused_tokens,
-            "suffix_tokens": timing.suffix_tokens,
-            "evaluated_tokens": timing.prefix_tokens - timing.reused_tokens + timing.suffix_tokens,
-            "prefill_seconds": round(timing.prefill_seconds, 6),
-            "suffix_seconds": round(timing.suffix_seconds, 6),
-            "branch_waves": timing.branch_waves,
-            "queue_seconds": round(self.queue_seconds, 6),
+            "evaluated_tokens": timing.evaluated_tokens,
+            "pad_tokens": timing.pad_tokens,
+            "queue_seconds": round(timing.queue_seconds, 6),
+            "scoring_seconds": round(timing.scoring_seconds, 6),
             "total_seconds": round(self.total_seconds, 6),
+            "passes": timing.passes,
+            "batch_requests": timing.batch_requests,
+            "batch_prompts": timing.batch_prompts,
         }
 
 
 @dataclass
 class DecisionService:
-    """Scores decisions with one engine; the lock serialises use of its single context."""
+    """Scores decisions with one engine, owned by its scheduler's worker thread."""
 
     engine: LlamaEngine
     template: ChatTemplate
     labels: LabelSet
     max_tokens: int
     model: dict[str, Any]
-    temperature: float = 1.0  # calibration.temperature from the model's manifest
+    calibration: Calibration | None = None  # the model manifest's (adapter.calibration)
+    option_order: OptionOrder = "canonical"  # SEMIF_OPTION_ORDER: requests may override it
+    max_request_tokens: int = 16_384
+    request_timeout_seconds: float = 50.0
+    max_queue: int = 256
+    queue_timeout_seconds: float = 20.0
+    max_batch_requests: int = 32
     health: Health = field(default_factory=Health)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    scheduler: Scheduler = field(init=False)
+    _native: threading.Lock = field(default_factory=threading.Lock)  # tokenizing vs close
     _closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler(
+            self.engine,
+            max_queue=self.max_queue,
+            queue_timeout_seconds=self.queue_timeout_seconds,
+            max_batch_requests=self.max_batch_requests,
+            on_native_failure=self._mark_unhealthy,
+        )
 
     @property
     def model_id(self) -> str:
         """The name clients see in responses and in GET /v1/models: the GGUF file name."""
         return str(self.model.get("file", "unknown"))
 
-    @contextmanager
-    def exclusive(self) -> Iterator[float]:
-        """Hold the engine (yielding the seconds waited for it). A native failure marks the
-        service unhealthy so /ping takes the instance out of service; a batch that does not
-        fit the KV cache is a retryable 503."""
-        started = time.perf_counter()
-        with self._lock:
-            if self._closed:  # a call that queued behind close() must not touch freed memory
-                raise UnavailableError("the server is shutting down", retryable=True)
-            try:
-                yield time.perf_counter() - started
-            except (NativeFailureError, NonFiniteLogitsError) as error:
-                self.health.healthy = False
-                self.health.error = str(error)
-                raise
-            except CapacityError as error:
-                raise UnavailableError(str(error), retryable=True) from None
-            except CancelledWorkError as error:
-                raise UnavailableError(str(error), retryable=True) from None
+    def _mark_unhealthy(self, error: Exception) -> None:
+        """A native failure takes the instance out of service (/ping answers 503)."""
+        self.health.healthy = False
+        self.health.error = str(error)
+
+    def _wait(self, future: Future[T], cancelled: threading.Event, started: float) -> T:
+        """Wait for the worker within the request deadline; past it the request is
+        cancelled (the worker drops it at the next pass or token)."""
+        remaining = self.request_timeout_seconds - (time.monotonic() - started)
+        try:
+            return future.result(timeout=max(remaining, 0.0))
+        except FutureTimeoutError:
+            cancelled.set()
+            raise UnavailableError(
+                f"the request did not finish within SEMIF_REQUEST_TIMEOUT_S="
+                f"{self.request_timeout_seconds:g} s",
+                retryable=True,
+            ) from None
 
     def close(self, wait_seconds: float) -> bool:
-        """Free the engine once no call holds it; False (and nothing freed) if one still
+        """Stop the worker, then free the engine; False (and nothing freed) if a pass still
         runs after `wait_seconds` (the process is exiting: leaking beats a use-after-free)."""
-        if not self._lock.acquire(timeout=wait_seconds):
+        if not self.scheduler.close(wait_seconds):
             return False
-        try:
-            self._closed = True
-            self.engine.close()
-        finally:
-            self._lock.release()
+        with self._native:
+            if not self._closed:
+                self._closed = True
+                self.engine.close()
         return True
+
+    def _piece(self, token: int) -> str:
+        with self._native:
+            if self._closed:
+                raise UnavailableError("the server is shutting down", retryable=True)
+            return self.engine.piece(token)
 
     def tokenize_prompt(self, prompt: RenderedPrompt, path: str, hint: str = "") -> list[int]:
         """Tokenize a rendered prompt (request spans as plain text), refusing one over
         SEMIF_MAX_TOKENS (the one check)."""
-        tokens = self.engine.tokenize_prompt(prompt.text, prompt.user_spans)
+        with self._native:  # the vocabulary must not be freed under the tokenizer
+            if self._closed:
+                raise UnavailableError("the server is shutting down", retryable=True)
+            tokens = self.engine.tokenize_prompt(prompt.text, prompt.user_spans)
         if len(tokens) > self.max_tokens:
             raise RequestError(
                 path,
@@ -165,63 +186,82 @@ class DecisionService:
             raise RequestError(path, str(error)) from None
 
     def score(self, decisions: Sequence[Decision], paths: Sequence[str]) -> ScoredBatch:
-        """Score decisions of any size (2..260 options) in one engine call.
+        """Score decisions of any size (2..260 options) in the scheduler's next passes.
 
-        `paths` name each decision in errors. Decisions about one state share its prefix;
-        options labelled with two tokens get their second-token logits in the same batch.
+        `paths` name each decision in errors. Everything is validated (prompt and request
+        token limits) before the request queues; decisions about one state share its
+        prefix, and options labelled with two tokens get their second-token logits in the
+        same pass.
         """
-        started = time.perf_counter()
-        with self.exclusive() as waited:
-            prompts = self._render(decisions, paths)
-            labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
-            firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]
-            token_lists = [tokens for _, tokens in prompts]
-            # Only two-token labels need continuations; letters keep the plain call.
-            scores, timing = (
-                self.engine.score(token_lists, firsts)
-                if any(firsts)
-                else self.engine.score(token_lists)
+        started = time.monotonic()
+        prompts = self._render(decisions, paths)
+        labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
+        firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]
+        token_lists = [tokens for _, tokens in prompts]
+        cost = sum(len(tokens) for tokens in token_lists) + sum(len(f) for f in firsts)
+        if cost > self.max_request_tokens:
+            raise RequestError(
+                paths[0].split("[")[0].split(".")[0],
+                f"the request costs {cost} tokens (prompts and label continuations); the "
+                f"limit is {self.max_request_tokens} (SEMIF_MAX_REQUEST_TOKENS); send fewer "
+                "or shorter decisions",
             )
+        job = self.scheduler.submit(token_lists, firsts, started + self.request_timeout_seconds)
+        scores, timing = self._wait(job.future, job.cancelled, started)
+        try:
             readouts = [
-                read_labels(score.logits, score.next_logits, group, self.temperature)
+                read_labels(score.logits, score.next_logits, group)
                 for score, group in zip(scores, labels, strict=True)
             ]
+        except NonFiniteLogitsError as error:
+            self._mark_unhealthy(error)
+            raise
         return ScoredBatch(
             prompts=[text for text, _ in prompts],
             input_tokens=[score.input_tokens for score in scores],
+            reused_tokens=[score.reused_tokens for score in scores],
             readouts=readouts,
             timing=timing,
-            queue_seconds=waited,
-            total_seconds=time.perf_counter() - started,
+            total_seconds=time.monotonic() - started,
+            distinct_input_tokens=distinct_tokens(token_lists),
         )
 
-    def decide(self, decisions: Sequence[Decision], mode: Mode) -> dict[str, Any]:
-        """Score every decision; a shared batch evaluates its common prefix once."""
-        batch = self.score(decisions, _paths(mode, len(decisions)))
-        timing = batch.timing
+    def decide(
+        self, decisions: Sequence[Decision], mode: Mode, policy: Policy = DEFAULT_POLICY
+    ) -> dict[str, Any]:
+        """Score every decision in the policy's option order (adapter.ordering), all in one
+        batch: a shared prefix, and every debiased rotation, is evaluated once."""
+        order = policy.option_order or self.option_order
+        variants = [Variants.of(d, "choice", order, self.calibration) for d in decisions]
+        batch = self.score(*expand(variants, _paths(mode, len(decisions))))
         results = []
-        for decision, text, input_tokens, readout in zip(
-            decisions, batch.prompts, batch.input_tokens, batch.readouts, strict=True
-        ):
-            # A shared prefix is evaluated once for the batch; each result counts its suffix.
-            evaluated = input_tokens - timing.prefix_tokens
-            if mode == "single":
-                evaluated += timing.prefix_tokens - timing.reused_tokens
+        offset = 0
+        for variant, reading in zip(variants, read(variants, batch), strict=True):
+            # Per result: tokens its prompts took from resident prefixes, and the rest (rows
+            # shared with other prompts count for each; the request's timing counts them once).
+            reused = sum(batch.reused_tokens[offset : offset + reading.prompts])
+            offset += reading.prompts
+            reason = policy.abstain_reason(reading.probabilities, reading.allowed_token_mass)
             results.append(
                 {
-                    "id": decision.id,
-                    "option_ids": decision.option_ids,
-                    "probabilities": readout.probabilities,
-                    "option_logits": readout.option_logits,
-                    "allowed_token_mass": readout.allowed_token_mass,
-                    "top_token": self.engine.piece(readout.top_token_id),
-                    "input_tokens": input_tokens,
-                    "prompt_sha256": prompt_sha256(text),
+                    "id": variant.decision.id,
+                    "option_ids": variant.decision.option_ids,
+                    "probabilities": reading.probabilities,
+                    "option_logits": reading.option_logits,
+                    "allowed_token_mass": reading.allowed_token_mass,
+                    "top_token": self._piece(reading.top_token_id),
+                    "abstained": reason is not None,
+                    "abstain_reason": reason,
+                    "option_order": order,
+                    "calibration": describe(self.calibration, variant.correction),
+                    "input_tokens": reading.input_tokens,
+                    "prompt_sha256": prompt_sha256(reading.prompt),
                     "prompt_version": PROMPT_VERSION,
                     "readout": READOUT,
                     "timing": {
-                        "evaluated_tokens": evaluated,
-                        "reused_tokens": input_tokens - evaluated,
+                        "prompts": reading.prompts,
+                        "evaluated_tokens": reading.input_tokens - reused,
+                        "reused_tokens": reused,
                     },
                 }
             )
@@ -237,17 +277,35 @@ class DecisionService:
     ) -> Generation:
         """Chat: render the messages, check the prompt limit, and generate while holding the
         engine."""
-        with self.exclusive():
-            try:
-                prompt = render_chat_prompt(self.template, messages)
-            except (TemplateRenderError, ValueError) as error:
-                raise RequestError("messages", str(error)) from None
-            return self.engine.generate(
-                self.tokenize_prompt(prompt, "messages"),
-                max_new_tokens=max_new_tokens,
-                sampling=sampling,
-                stop=stop,
-            )
+        started = time.monotonic()
+        try:
+            prompt = render_chat_prompt(self.template, messages)
+        except (TemplateRenderError, ValueError) as error:
+            raise RequestError("messages", str(error)) from None
+        job = self.scheduler.submit_generation(
+            self.tokenize_prompt(prompt, "messages"),
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            stop=stop,
+            deadline=started + self.request_timeout_seconds,
+        )
+        return self._wait(job.future, job.cancelled, started)
+
+
+def distinct_tokens(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens in the prompts' prefix tree: neighbours in sorted order share the most."""
+    ordered = sorted(tuple(prompt) for prompt in prompts)
+    shared = sum(common_prefix_length(left, right) for left, right in pairwise(ordered))
+    return sum(len(prompt) for prompt in ordered) - shared
+
+
+def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
+    length = 0
+    for left, right in zip(first, second, strict=False):
+        if left != right:
+            break
+        length += 1
+    return length
 
 
 def _paths(mode: Mode, count: int) -> list[str]:

@@ -7,7 +7,10 @@ the state's token prefix and all are scored in one batched engine call:
 - choice: the options in request order, described by their criteria (null: the key);
 - score: the levels in order, low to high; the answer is the expected level.
 Question keys are never shown to the model (only instructions and descriptions are), so
-renaming a key cannot change an answer.
+renaming a key cannot change an answer. An optional top-level `option_order` (as_given,
+canonical, debiased; `adapter.ordering`) overrides the server's SEMIF_OPTION_ORDER; score
+levels keep their order in every mode. The model's calibration applies each kind's own
+temperature (`adapter.calibration`); the answers keep the format's exact shape.
 
 Confidence, the same formula for choice and score: 1 - H(p) / ln(N), where H is the
 Shannon entropy of the N option probabilities. It is 1 when all mass is on one option and
@@ -27,9 +30,10 @@ from typing import Any, Literal
 from adapter import fields
 from adapter.errors import RequestError, SchemaError
 from adapter.fields import JsonState, member_path
-from adapter.readout import SlotReadout
-from adapter.schema import Decision, Option
+from adapter.ordering import Variants, expand, read
+from adapter.schema import Decision, Option, option_order
 from adapter.service import DecisionService, ScoredBatch
+from model_build.calibration import OptionOrder
 
 Kind = Literal["noul", "choice", "score"]
 KINDS: tuple[Kind, ...] = ("noul", "choice", "score")
@@ -51,6 +55,7 @@ class Question:
 class SystemOneRequest:
     model: str | None
     questions: list[Question]
+    option_order: OptionOrder | None = None  # None: the server's default
 
 
 def _text(value: Any, path: str) -> str:
@@ -120,7 +125,7 @@ def question_options(kind: Kind, criteria: Any, path: str) -> tuple[Option, ...]
 def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
     """Validate a System One request; every error names the offending field."""
     entry = fields.json_object(body, "body", SchemaError)
-    fields.only_fields(entry, "body", ("model", "state", "questions"), SchemaError)
+    fields.only_fields(entry, "body", ("model", "state", "questions", "option_order"), SchemaError)
     model = entry.get("model")
     if model is not None and not isinstance(model, str):
         raise SchemaError("model", "must be a string")
@@ -135,7 +140,12 @@ def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
         if not key.strip():
             raise RequestError(member_path("questions", key), "question keys must not be empty")
     parsed = [_question(key, value, state) for key, value in questions.items()]
-    return SystemOneRequest(model=model, questions=parsed)
+    order = entry.get("option_order")
+    return SystemOneRequest(
+        model=model,
+        questions=parsed,
+        option_order=None if order is None else option_order(order, "option_order", SchemaError),
+    )
 
 
 def confidence(probabilities: Sequence[float]) -> float:
@@ -144,9 +154,8 @@ def confidence(probabilities: Sequence[float]) -> float:
     return min(1.0, max(0.0, 1.0 - entropy / math.log(len(probabilities))))
 
 
-def shape_answer(question: Question, readout: SlotReadout) -> dict[str, Any]:
-    """One answer in the System One response shape."""
-    probabilities = readout.probabilities
+def shape_answer(question: Question, probabilities: Sequence[float]) -> dict[str, Any]:
+    """One answer in the System One response shape, from its options' probabilities."""
     options = question.decision.options
     if question.kind == "noul":
         return {"type": "noul", "noul": probabilities[0]}
@@ -172,18 +181,23 @@ def answer(
 ) -> tuple[dict[str, Any], ScoredBatch]:
     """Score all questions in one engine call and shape the System One response.
 
-    `usage.input_tokens` counts the shared state prefix once; nothing is generated.
+    `usage.input_tokens` counts the shared state prefix once (and every debiased rotation's
+    suffix); nothing is generated.
     """
     questions = request.questions
+    mode = request.option_order or service.option_order
+    variants = [
+        Variants.of(question.decision, question.kind, mode, service.calibration)
+        for question in questions
+    ]
     batch = service.score(
-        [question.decision for question in questions],
-        [member_path("questions", question.key) for question in questions],
+        *expand(variants, [member_path("questions", question.key) for question in questions])
     )
     response = {
         "model": service.model_id,
         "answers": {
-            question.key: shape_answer(question, readout)
-            for question, readout in zip(questions, batch.readouts, strict=True)
+            question.key: shape_answer(question, reading.probabilities)
+            for question, reading in zip(questions, read(variants, batch), strict=True)
         },
         "usage": {"input_tokens": batch.distinct_input_tokens, "output_tokens": 0},
     }

@@ -102,13 +102,15 @@ def test_in_flight_work_within_the_grace_finishes_normally(
     assert answers["chat"].json()["usage"]["completion_tokens"] == 50
 
 
-def test_close_frees_the_model_only_when_no_call_holds_it(tiny_model_dir: Path) -> None:
+def test_close_stops_the_scheduler_before_freeing_the_model(tiny_model_dir: Path) -> None:
     with serving(Settings(model_dir=tiny_model_dir, threads=1)) as client:
         service = runtime_of(client.app).service
         assert service is not None
-        with service.exclusive():
-            assert service.close(0.05) is False  # busy: nothing freed
-    assert service.engine._context is None  # freed at exit
+        assert service.scheduler._thread.is_alive()
+        assert service.close(5.0) is True
+        assert not service.scheduler._thread.is_alive()
+        assert service.engine._context is None
+        assert service.close(1.0) is True  # closing twice frees nothing twice
 
 
 def test_a_call_queued_behind_close_is_a_retryable_503_not_a_use_after_free(

@@ -1,0 +1,191 @@
+"""Option order: the orders a decision's options are shown in, and how the readouts of those
+prompts combine into one distribution over the caller's options.
+
+Reading letter logits makes the answer depend on where an option is listed (the model
+favours some letters). Three modes (`model_build.calibration.OPTION_ORDERS`):
+- `as_given`: the options in the caller's order, one prompt (the reference behaviour);
+- `canonical`: one prompt, the options sorted by a key derived from what the model reads of
+  them (sha256 of the description, the id only breaking ties between equal descriptions),
+  so every permutation of the same options renders the same prompt and gets the same
+  probabilities by id, at no extra cost; the calibration's position prior, when it has one
+  for this option count, is divided out (`adapter.calibration`);
+- `debiased`: the canonical order and its cyclic rotations, each option once in each
+  position, averaged by option id. Invariant by construction and the position bias averages
+  out; it costs one prompt per rotation, decoded as branches of the shared prefix in the
+  same batch (the state is evaluated once). Above MAX_ROTATIONS options, MAX_ROTATIONS
+  evenly spaced rotations are used: still invariant, each option in MAX_ROTATIONS positions
+  spread over the list.
+An ordinal (System One `score`) question keeps its low-to-high order in every mode: its
+positions are its levels, and reordering levels would change the question.
+
+Results always come back in the caller's order, under the caller's ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from adapter.calibration import Correction, correction
+from adapter.readout import SlotReadout, corrected, log_mean, log_softmax
+from adapter.schema import Decision, Option
+from model_build.calibration import Calibration, OptionOrder, QuestionKind
+
+MAX_ROTATIONS = 8
+Order = tuple[int, ...]  # rendered position j shows the caller's option order[j]
+T = TypeVar("T")
+
+
+def canonical_order(options: Sequence[Option]) -> Order:
+    """Positions sorted by the content the model reads: the description's hash, the id
+    breaking ties. A hash, not the text, so the position is uncorrelated with wording:
+    sorting the text would put every option worded `Account...` before `Billing...`, and
+    whatever goes with such wording would ride on the letter bias."""
+
+    def key(index: int) -> tuple[str, str]:
+        option = options[index]
+        return hashlib.sha256(option.description.encode()).hexdigest(), option.id
+
+    return tuple(sorted(range(len(options)), key=key))
+
+
+def rotations(order: Order, limit: int | None = MAX_ROTATIONS) -> tuple[Order, ...]:
+    """Cyclic rotations of `order`: all of them, or `limit` evenly spaced ones."""
+    count = len(order) if limit is None else min(len(order), limit)
+    offsets = [index * len(order) // count for index in range(count)]
+    return tuple(order[offset:] + order[:offset] for offset in offsets)
+
+
+def plan(
+    options: Sequence[Option], mode: OptionOrder, *, ordinal: bool = False
+) -> tuple[Order, ...]:
+    """The orders a decision is scored in: one, or the debiased rotations."""
+    if ordinal or mode == "as_given":
+        return (tuple(range(len(options))),)
+    canonical = canonical_order(options)
+    return (canonical,) if mode == "canonical" else rotations(canonical)
+
+
+def arrange(decision: Decision, order: Order) -> Decision:
+    """The decision with its options in `order` (ids unchanged)."""
+    return replace(decision, options=tuple(decision.options[index] for index in order))
+
+
+def to_caller(values: Sequence[T], order: Order) -> list[T]:
+    """Values by rendered position -> values in the caller's order."""
+    placed: dict[int, T] = {index: value for index, value in zip(order, values, strict=True)}
+    return [placed[index] for index in range(len(order))]
+
+
+def position_log_probabilities(readout: SlotReadout) -> npt.NDArray[np.float64]:
+    """The model's log-probabilities of the rendered positions (uncalibrated)."""
+    return log_softmax(np.asarray(readout.option_logits, np.float64))
+
+
+def distribution(
+    orders: Sequence[Order], rows: Sequence[npt.NDArray[np.float64]], correction: Correction
+) -> npt.NDArray[np.float64]:
+    """Probabilities over the caller's options from each order's position log-probabilities:
+    one prompt's, or the average probability by option id over the rotations; then the
+    correction (the prior is by position of the one canonical prompt it applies to)."""
+    by_id = [
+        np.asarray(to_caller(list(row), order)) for order, row in zip(orders, rows, strict=True)
+    ]
+    prior = correction.prior
+    return corrected(
+        by_id[0] if len(by_id) == 1 else log_mean(by_id),
+        temperature=correction.temperature,
+        prior=None if prior is None else to_caller(prior, orders[0]),
+    )
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One decision read over its prompts, in the caller's order."""
+
+    probabilities: list[float]  # combined and corrected
+    option_logits: list[float]  # the first prompt's raw letter scores
+    allowed_token_mass: float  # mean over the prompts
+    top_token_id: int  # the first prompt's full-vocabulary argmax
+    prompt: str  # the first prompt (canonical order in canonical and debiased modes)
+    input_tokens: int  # summed over the prompts
+    prompts: int
+
+
+class Batch(Protocol):
+    """What `read` needs of a scored batch (adapter.service.ScoredBatch has it)."""
+
+    @property
+    def prompts(self) -> list[str]: ...
+    @property
+    def input_tokens(self) -> list[int]: ...
+    @property
+    def readouts(self) -> list[SlotReadout]: ...
+
+
+@dataclass(frozen=True)
+class Variants:
+    """One decision, the orders it is scored in and how its distribution is corrected."""
+
+    decision: Decision
+    orders: tuple[Order, ...]
+    correction: Correction
+
+    @classmethod
+    def of(
+        cls,
+        decision: Decision,
+        kind: QuestionKind,
+        mode: OptionOrder,
+        calibration: Calibration | None,
+    ) -> Variants:
+        """A question of `kind` read in `mode` under the model's calibration."""
+        orders = plan(decision.options, mode, ordinal=kind == "score")
+        return cls(decision, orders, correction(calibration, kind, mode, len(decision.options)))
+
+    def read(
+        self, prompts: Sequence[str], tokens: Sequence[int], readouts: Sequence[SlotReadout]
+    ) -> Reading:
+        """Combine this decision's prompts' readouts, then apply its correction."""
+        first, first_order = readouts[0], self.orders[0]
+        rows = [position_log_probabilities(readout) for readout in readouts]
+        probabilities = distribution(self.orders, rows, self.correction)
+        return Reading(
+            probabilities=[float(p) for p in probabilities],
+            option_logits=to_caller(first.option_logits, first_order),
+            allowed_token_mass=float(np.mean([r.allowed_token_mass for r in readouts])),
+            top_token_id=first.top_token_id,
+            prompt=prompts[0],
+            input_tokens=sum(tokens),
+            prompts=len(readouts),
+        )
+
+
+def expand(variants: Sequence[Variants], paths: Sequence[str]) -> tuple[list[Decision], list[str]]:
+    """Every prompt of every decision, flattened for one engine call; a decision's prompts
+    keep its path, so an error names the decision the caller sent."""
+    decisions: list[Decision] = []
+    expanded: list[str] = []
+    for variant, path in zip(variants, paths, strict=True):
+        decisions.extend(arrange(variant.decision, order) for order in variant.orders)
+        expanded.extend([path] * len(variant.orders))
+    return decisions, expanded
+
+
+def read(variants: Sequence[Variants], batch: Batch) -> list[Reading]:
+    """Regroup a flattened batch by decision and read each."""
+    readings, start = [], 0
+    for variant in variants:
+        end = start + len(variant.orders)
+        readings.append(
+            variant.read(
+                batch.prompts[start:end], batch.input_tokens[start:end], batch.readouts[start:end]
+            )
+        )
+        start = end
+    return readings

@@ -1,0 +1,379 @@
+"""Continuous batching: one worker owns the engine and scores every waiting request that fits.
+
+Requests wait in arrival order in a bounded queue. Whenever the worker is free it takes
+prompts from the queue's head onward while they fit one pass (sequence ids, a token budget,
+SEMIF_MAX_BATCH_REQUESTS requests) and scores them in one engine call, so prompts from
+different callers share their common prefix (the template; the whole state when two ask
+about the same one). A request larger than one pass is scored over several, and is dropped
+between passes when its client has gone or its deadline has passed. A request still waiting
+after SEMIF_QUEUE_TIMEOUT_S, or one that finds the queue full, gets a retryable 503 with a
+Retry-After estimated from recent passes.
+
+Chat runs one generation at a time in the same worker, one token per step, between scoring
+passes: scoring never waits for a whole generation.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from adapter.engine import (
+    CancelledWorkError,
+    CapacityError,
+    Generation,
+    GenerationRun,
+    LlamaEngine,
+    NativeFailureError,
+    PromptScore,
+    Sampling,
+)
+from adapter.errors import UnavailableError
+
+LOG = logging.getLogger("adapter")
+
+
+class CancelledRequestError(Exception):
+    """The client went away; nobody reads the answer."""
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    """What a request cost: time queued and scoring, and the passes it rode in."""
+
+    queue_seconds: float
+    scoring_seconds: float
+    passes: int
+    batch_requests: int  # the most requests that shared a pass with it (itself included)
+    batch_prompts: int  # the most prompts in such a pass
+    reused_tokens: int
+    evaluated_tokens: int  # rows decoded on its prompts' paths (shared rows counted once)
+    pad_tokens: int  # pad rows of its passes (spent on the exact layout, shared)
+
+
+@dataclass
+class _Job:
+    prompts: Sequence[Sequence[int]]
+    continuations: Sequence[Sequence[int]]
+    deadline: float
+    enqueued: float
+    future: Future[tuple[list[PromptScore], JobTiming]] = field(default_factory=Future)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: int = 0  # prompts scored so far
+    scores: list[PromptScore] = field(default_factory=list)
+    started: float | None = None
+    scoring_seconds: float = 0.0
+    passes: int = 0
+    batch_requests: int = 0
+    batch_prompts: int = 0
+    reused: int = 0
+    evaluated: int = 0
+    pads: int = 0
+
+    def cost(self, index: int) -> tuple[int, int]:
+        """(KV rows, sequences) prompt `index` may need in a pass."""
+        return (
+            len(self.prompts[index]) + len(self.continuations[index]),
+            1 + len(self.continuations[index]),
+        )
+
+
+@dataclass
+class _ChatJob:
+    prompt: Sequence[int]
+    max_new_tokens: int
+    sampling: Sampling
+    stop: Sequence[str]
+    deadline: float
+    future: Future[Generation] = field(default_factory=Future)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Scheduler:
+    """The worker thread and its queue; the engine is touched by this thread only."""
+
+    def __init__(
+        self,
+        engine: LlamaEngine,
+        *,
+        max_queue: int,
+        queue_timeout_seconds: float,
+        max_batch_requests: int,
+        on_native_failure: Callable[[Exception], None],
+    ) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self.queue_timeout_seconds = queue_timeout_seconds
+        self.max_batch_requests = max_batch_requests
+        # Half the cache per pass: the rest keeps resident prefixes alive between passes.
+        self.pass_rows = max(engine.kv_cells // 2, 1)
+        self._on_native_failure = on_native_failure
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._chats: collections.deque[_ChatJob] = collections.deque()
+        self._condition = threading.Condition()
+        self._stopping = False
+        self._pass_seconds = 0.5  # running estimate, for Retry-After
+        self._thread = threading.Thread(target=self._run, name="semif-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- callers ---------------------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue) + len(self._chats)
+
+    def submit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        deadline: float,
+    ) -> _Job:
+        """Queue a scoring request (already validated); a full queue is a retryable 503."""
+        job = _Job(prompts, continuations, deadline, time.monotonic())
+        with self._condition:
+            self._admit(len(self._queue) + len(self._chats))
+            self._queue.append(job)
+            self._condition.notify()
+        return job
+
+    def submit_generation(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        stop: Sequence[str],
+        deadline: float,
+    ) -> _ChatJob:
+        job = _ChatJob(prompt, max_new_tokens, sampling, stop, deadline)
+        with self._condition:
+            self._admit(len(self._queue) + len(self._chats))
+            self._chats.append(job)
+            self._condition.notify()
+        return job
+
+    def _admit(self, waiting: int) -> None:
+        if self._stopping:
+            raise UnavailableError("the server is shutting down", retryable=True)
+        if waiting >= self.max_queue:
+            raise UnavailableError(
+                f"busy: {waiting} requests are queued (SEMIF_MAX_QUEUE={self.max_queue})",
+                retryable=True,
+                retry_after=self._retry_after(waiting),
+            )
+
+    def _retry_after(self, waiting: int) -> int:
+        """Seconds until the queue has likely drained by a batch's worth."""
+        passes = waiting / max(self.max_batch_requests, 1)
+        return max(1, min(30, math.ceil(passes * self._pass_seconds)))
+
+    def close(self, wait_seconds: float) -> bool:
+        """Stop the worker (failing whatever waits with a retryable 503); False if a pass
+        still runs after `wait_seconds`."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+        self._thread.join(wait_seconds)
+        return not self._thread.is_alive()
+
+    # -- the worker ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        generation: tuple[_ChatJob, GenerationRun] | None = None
+        while True:
+            with self._condition:
+                while not self._stopping and not self._queue and not self._chats and not generation:
+                    self._condition.wait()
+                if self._stopping:
+                    self._fail_all(generation)
+                    return
+                batch = self._take_pass()
+                if generation is None and self._chats:
+                    generation = self._start_chat(self._chats.popleft())
+            if batch:
+                self._score(batch)
+            if generation is not None:
+                generation = self._step_chat(*generation)
+
+    def _take_pass(self) -> list[tuple[_Job, int, int]]:
+        """(job, first prompt, end) slices that fit one pass, in arrival order; drops
+        cancelled and expired requests on the way."""
+        now = time.monotonic()
+        taken: list[tuple[_Job, int, int]] = []
+        rows = sequences = 0
+        for job in list(self._queue):
+            if self._expired(job, now):
+                self._queue.remove(job)
+                continue
+            if len(taken) >= self.max_batch_requests:
+                break
+            end = job.done
+            while end < len(job.prompts):
+                cost_rows, cost_sequences = job.cost(end)
+                fits = (
+                    rows + cost_rows <= self.pass_rows
+                    and sequences + cost_sequences <= self.engine.max_branches
+                )
+                if not fits and (taken or end > job.done):
+                    break
+                rows += cost_rows
+                sequences += cost_sequences
+                end += 1
+            if end == job.done:
+                break  # arrival order: nobody overtakes a request that does not fit
+            taken.append((job, job.done, end))
+            if end < len(job.prompts):
+                break  # the pass is full
+        return taken
+
+    def _expired(self, job: _Job, now: float) -> bool:
+        if job.cancelled.is_set():
+            job.future.set_exception(CancelledRequestError())
+            return True
+        if job.started is None and now - job.enqueued > self.queue_timeout_seconds:
+            job.future.set_exception(
+                UnavailableError(
+                    f"busy: waited {now - job.enqueued:.1f} s in the queue "
+                    f"(SEMIF_QUEUE_TIMEOUT_S={self.queue_timeout_seconds:g})",
+                    retryable=True,
+                    retry_after=self._retry_after(len(self._queue)),
+                )
+            )
+            return True
+        if now > job.deadline:
+            job.future.set_exception(
+                UnavailableError(
+                    "the request's deadline passed before it was scored "
+                    "(SEMIF_REQUEST_TIMEOUT_S)",
+                    retryable=True,
+                )
+            )
+            return True
+        return False
+
+    def _score(self, batch: list[tuple[_Job, int, int]]) -> None:
+        prompts = [job.prompts[i] for job, start, end in batch for i in range(start, end)]
+        continuations = [
+            job.continuations[i] for job, start, end in batch for i in range(start, end)
+        ]
+        started = time.monotonic()
+        for job, _, _ in batch:
+            if job.started is None:
+                job.started = started
+        try:
+            scores, timing = self.engine.score(prompts, continuations)
+        except (NativeFailureError, CapacityError, CancelledWorkError) as error:
+            if isinstance(error, NativeFailureError):
+                self._on_native_failure(error)
+            failure: Exception = (
+                error
+                if isinstance(error, NativeFailureError)
+                else UnavailableError(str(error), retryable=True)
+            )
+            with self._condition:
+                for job, _, _ in batch:
+                    self._queue.remove(job)
+                    job.future.set_exception(failure)
+            return
+        seconds = time.monotonic() - started
+        self._pass_seconds = 0.8 * self._pass_seconds + 0.2 * seconds
+        offset = 0
+        finished = []
+        for job, start, end in batch:
+            mine = scores[offset : offset + end - start]
+            offset += end - start
+            job.scores.extend(mine)
+            job.done = end
+            job.scoring_seconds += seconds
+            job.passes += 1
+            job.batch_requests = max(job.batch_requests, len(batch))
+            job.batch_prompts = max(job.batch_prompts, len(prompts))
+            job.reused += sum(score.reused_tokens for score in mine)
+            job.evaluated += len(frozenset().union(*(score.rows for score in mine)))
+            job.pads += timing.pad_tokens
+            if job.done == len(job.prompts):
+                finished.append(job)
+        with self._condition:
+            for job in finished:
+                self._queue.remove(job)
+        for job in finished:
+            job.future.set_result((job.scores, self._timing(job)))
+
+    @staticmethod
+    def _timing(job: _Job) -> JobTiming:
+        started = job.started if job.started is not None else job.enqueued
+        return JobTiming(
+            queue_seconds=started - job.enqueued,
+            scoring_seconds=job.scoring_seconds,
+            passes=job.passes,
+            batch_requests=job.batch_requests,
+            batch_prompts=job.batch_prompts,
+            reused_tokens=job.reused,
+            evaluated_tokens=job.evaluated,
+            pad_tokens=job.pads,
+        )
+
+    def _start_chat(self, job: _ChatJob) -> tuple[_ChatJob, GenerationRun] | None:
+        if job.cancelled.is_set() or time.monotonic() > job.deadline:
+            job.future.set_exception(CancelledRequestError())
+            return None
+        try:
+            run = self.engine.start_generation(
+                job.prompt,
+                max_new_tokens=job.max_new_tokens,
+                sampling=job.sampling,
+                stop=job.stop,
+            )
+        except CapacityError as error:
+            job.future.set_exception(UnavailableError(str(error), retryable=True))
+            return None
+        return job, run
+
+    def _step_chat(
+        self, job: _ChatJob, run: GenerationRun
+    ) -> tuple[_ChatJob, GenerationRun] | None:
+        """One token; the generation ends early when its client left or time ran out."""
+        try:
+            if job.cancelled.is_set():
+                raise CancelledRequestError()
+            if time.monotonic() > job.deadline:
+                raise UnavailableError(
+                    "the request's deadline passed during generation (SEMIF_REQUEST_TIMEOUT_S)",
+                    retryable=True,
+                )
+            if not run.step():
+                return job, run
+            result = run.result()
+        except (NativeFailureError, CapacityError, CancelledWorkError) as error:
+            if isinstance(error, NativeFailureError):
+                self._on_native_failure(error)
+                job.future.set_exception(error)
+            else:
+                job.future.set_exception(UnavailableError(str(error), retryable=True))
+            run.close()
+            return None
+        except (CancelledRequestError, UnavailableError) as error:
+            job.future.set_exception(error)
+            run.close()
+            return None
+        run.close()
+        job.future.set_result(result)
+        return None
+
+    def _fail_all(self, generation: tuple[_ChatJob, GenerationRun] | None) -> None:
+        stopping = UnavailableError("the server is shutting down", retryable=True)
+        for job in self._queue:
+            job.future.set_exception(stopping)
+        self._queue.clear()
+        for chat in self._chats:
+            chat.future.set_exception(stopping)
+        self._chats.clear()
+        if generation is not None:
+            generation[0].future.set_exception(stopping)
+            generation[1].close()
