@@ -14,18 +14,17 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from cdk_constructs.container_image import PrivateEcrImageRule
 from cdk_constructs.validation import PropsError
+from stacks.config import REPO_ROOT  # calibration paths in the config are relative to it
 from stacks.deployment import add_environment
 from stacks.environments import select_environments
 from stacks.targets import CONTEXT_KEYS, resolve_target
 
-REPO_ROOT = Path(__file__).resolve().parent
 DEFAULT_ENVIRONMENT = "dev"
 
 

@@ -88,7 +88,7 @@ def position_log_probabilities(readout: SlotReadout) -> npt.NDArray[np.float64]:
 
 
 def distribution(
-    orders: Sequence[Order], rows: Sequence[npt.NDArray[np.float64]], correction: Correction
+    orders: Sequence[Order], rows: Sequence[npt.NDArray[np.float64]], fix: Correction
 ) -> npt.NDArray[np.float64]:
     """Probabilities over the caller's options from each order's position log-probabilities:
     one prompt's, or the average probability by option id over the rotations; then the
@@ -96,10 +96,10 @@ def distribution(
     by_id = [
         np.asarray(to_caller(list(row), order)) for order, row in zip(orders, rows, strict=True)
     ]
-    prior = correction.prior
+    prior = fix.prior
     return corrected(
         by_id[0] if len(by_id) == 1 else log_mean(by_id),
-        temperature=correction.temperature,
+        temperature=fix.temperature,
         prior=None if prior is None else to_caller(prior, orders[0]),
     )
 

@@ -1,6 +1,7 @@
-"""Local server processes for the benchmarks: our `serve`, and llama-cpp-python's server.
+"""Local server processes for the benchmarks: our `serve`, llama-cpp-python's server, and
+llama.cpp's own `llama-server` (built by bench.peer_server).
 
-Both run as real subprocesses on a free loopback port, so what is measured is what a user
+All run as real subprocesses on a free loopback port, so what is measured is what a user
 runs. The start time is taken before the process is spawned, so cold start includes the
 interpreter, imports and model load; /proc gives the peak resident memory afterwards.
 """
@@ -110,8 +111,10 @@ def serve_model(
     threads: int,
     n_gpu_layers: int = 0,
     prefix_reuse: bool = True,
+    max_batch_requests: int | None = None,
 ) -> Iterator[ServerProcess]:
-    """Our `serve` (the container entry point) on `gguf`, as SageMaker would run it."""
+    """Our `serve` (the container entry point) on `gguf`, as SageMaker would run it;
+    `max_batch_requests=1` turns continuous batching off (one request per engine pass)."""
     port = free_port()
     env = {
         "SEMIF_MODEL_DIR": str(gguf.parent),
@@ -123,6 +126,9 @@ def serve_model(
         "SEMIF_PREFIX_REUSE": "true" if prefix_reuse else "false",
     }
     name = "serve" if prefix_reuse else "serve-no-reuse"
+    if max_batch_requests is not None:
+        env["SEMIF_MAX_BATCH_REQUESTS"] = str(max_batch_requests)
+        name += f"-batch{max_batch_requests}"
     argv = [sys.executable, "-m", "adapter.serve"]
     with _spawn(name, argv, env, "/ping", port, log_dir) as server:
         yield server
@@ -151,4 +157,35 @@ def serve_peer(
         "--verbose", "False",
     ]  # fmt: skip
     with _spawn("llama-cpp-python-server", argv, {}, "/v1/models", port, log_dir) as server:
+        yield server
+
+
+@contextmanager
+def serve_llama_server(
+    binary: Path,
+    gguf: Path,
+    *,
+    log_dir: Path,
+    threads: int,
+    parallel: int,
+    slot_context: int,
+    n_gpu_layers: int = 0,
+) -> Iterator[ServerProcess]:
+    """llama.cpp's C++ server on `gguf` with `parallel` slots and continuous batching, as a
+    user serving many clients would start it: each slot gets `slot_context` KV cells."""
+    port = free_port()
+    argv = [
+        str(binary),
+        "--model", str(gguf),
+        "--host", LOOPBACK,
+        "--port", str(port),
+        "--threads", str(threads),
+        "--threads-batch", str(threads),
+        "--n-gpu-layers", str(n_gpu_layers),
+        "--parallel", str(parallel),
+        "--cont-batching",
+        "--ctx-size", str(parallel * slot_context),
+        "--no-webui",
+    ]  # fmt: skip
+    with _spawn(f"llama-server-np{parallel}", argv, {}, "/health", port, log_dir) as server:
         yield server

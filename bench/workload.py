@@ -63,15 +63,18 @@ _SHARED_QUESTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
       ("security", "Account security."))),
 )  # fmt: skip
 MAX_SHARED = len(_SHARED_QUESTIONS)
+_SERIES_STRIDE = 100_000  # account variants per series of concurrent decisions
 
 
-def account_state(events: int, variant: int = 0) -> str:
+def account_state(events: int, variant: int = 0, first_event: int = 0) -> str:
     """A dated account history of `events` lines (~30 SmolLM2 tokens each); `variant` changes
-    the first line, so each variant is a new state with no prefix in common past the header."""
+    the first line, so each variant is a new state with no prefix in common past the header.
+    `first_event` starts the history further into the event sequence (other events, dates
+    and amounts), so states of different accounts differ throughout, not only in the header."""
     lines = [
         f"Account ACC-{4100 + variant}: Northwind Traders, Business plan, customer since 2019."
     ]
-    for index in range(events):
+    for index in range(first_event, first_event + events):
         template = _EVENTS[index % len(_EVENTS)]
         text = template.format(
             n=7000 + 13 * index,
@@ -99,6 +102,33 @@ def shared_decisions(state: str, count: int) -> list[Decision]:
         )
         for index, (question, options) in enumerate(_SHARED_QUESTIONS[:count])
     ]
+
+
+def concurrent_decisions(
+    count: int, *, series: int, events: int, shared_every: int | None = None
+) -> list[Decision]:
+    """`count` single decisions, each about its own account (no state repeats within a
+    series, nor across series, so a server's cache never holds one from an earlier run),
+    with the questions in turn. With `shared_every` k, every k-th decision is instead about
+    one hot account of the series, as when many questions arrive about a busy customer."""
+    if not 0 <= count < _SERIES_STRIDE:
+        raise ValueError(f"concurrent decisions: 0..{_SERIES_STRIDE - 1} per series, got {count}")
+    base = series * _SERIES_STRIDE
+    hot = account_state(events, variant=base + count, first_event=(base + count) * events)
+    decisions = []
+    for index in range(count):
+        question, options = _SHARED_QUESTIONS[index % MAX_SHARED]
+        shared = shared_every is not None and index % shared_every == 0
+        variant = base + index
+        decisions.append(
+            Decision(
+                id=f"s{series}-{index}",
+                state=hot if shared else account_state(events, variant, variant * events),
+                question=question,
+                options=tuple(Option(option_id, text) for option_id, text in options),
+            )
+        )
+    return decisions
 
 
 def single_decisions(count: int) -> list[Decision]:

@@ -7,7 +7,6 @@ are the endpoint's automatic-rollback alarms during a blue/green update.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,31 +21,19 @@ from cdk_constructs.sagemaker_endpoint import VARIANT_NAME, SageMakerEndpoint
 from cdk_constructs.validation import require
 
 
-class ScalingMetric(enum.Enum):
-    """The per-instance load signal the target tracking follows."""
-
-    INVOCATIONS = "invocations"
-    CONCURRENCY = "concurrency"
-
-
 @dataclass(frozen=True, kw_only=True)
 class Autoscaling:
-    """Target tracking bounds for an endpoint's variant."""
+    """Target tracking bounds for an endpoint's variant (the target comes from the
+    endpoint's own capacity, see `EndpointAutoscaling`)."""
 
     min_capacity: int
     max_capacity: int
-    metric: ScalingMetric
-    target_value: float
 
     def __post_init__(self) -> None:
         require(
             1 <= self.min_capacity <= self.max_capacity,
             f"autoscaling: need 1 <= min_capacity ({self.min_capacity}) "
             f"<= max_capacity ({self.max_capacity})",
-        )
-        require(
-            self.target_value > 0,
-            f"autoscaling.target_value: {self.target_value} must be > 0",
         )
 
 
@@ -78,13 +65,12 @@ class AlarmThresholds:
             require(0 < value <= 100, f"alarms.{name}: {value} is outside (0, 100]")
 
 
-_PREDEFINED = appscaling.PredefinedMetric
-_PREDEFINED_METRIC = {
-    ScalingMetric.INVOCATIONS: _PREDEFINED.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE,
-    ScalingMetric.CONCURRENCY: (
-        _PREDEFINED.SAGEMAKER_VARIANT_CONCURRENT_REQUESTS_PER_MODEL_HIGH_RESOLUTION
-    ),
-}
+# SageMaker's ConcurrentRequestsPerModel of an instance-based variant (inference components
+# have their own per-copy metric): requests in the container, queued ones included, emitted
+# every 10 s, so scale-out reacts in seconds rather than the minute of InvocationsPerInstance.
+CONCURRENCY_METRIC = (
+    appscaling.PredefinedMetric.SAGEMAKER_VARIANT_CONCURRENT_REQUESTS_PER_MODEL_HIGH_RESOLUTION
+)
 PERIOD = Duration.minutes(1)
 EVALUATION_PERIODS = 5
 DATAPOINTS_TO_ALARM = 3
@@ -93,7 +79,12 @@ INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
 
 
 class EndpointAutoscaling(Construct):
-    """Track invocations or concurrent requests per instance between min and max."""
+    """Keep `target_concurrency` concurrent requests per instance, between min and max.
+
+    Concurrency, not invocations per minute: what saturates a batching server is how many
+    requests it holds at once, whatever they cost, and the metric counts queued requests, so
+    the target can sit below the point where the queue starts to build.
+    """
 
     def __init__(
         self,
@@ -102,8 +93,13 @@ class EndpointAutoscaling(Construct):
         *,
         endpoint: SageMakerEndpoint,
         settings: Autoscaling,
+        target_concurrency: float,
     ) -> None:
         super().__init__(scope, construct_id)
+        require(
+            target_concurrency > 0,
+            f"autoscaling target_concurrency: {target_concurrency} must be > 0",
+        )
         self.target = appscaling.ScalableTarget(
             self,
             "Target",
@@ -123,8 +119,8 @@ class EndpointAutoscaling(Construct):
         self.target.node.add_dependency(endpoint.endpoint)
         self.target.scale_to_track_metric(
             "Tracking",
-            predefined_metric=_PREDEFINED_METRIC[settings.metric],
-            target_value=settings.target_value,
+            predefined_metric=CONCURRENCY_METRIC,
+            target_value=target_concurrency,
             scale_in_cooldown=Duration.minutes(5),
             scale_out_cooldown=Duration.minutes(1),
         )

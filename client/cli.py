@@ -114,6 +114,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A duration >= 0: RetryPolicy refuses a negative one, and argparse should say so."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds >= 0")
+    return value
+
+
 def _client(args: argparse.Namespace) -> DecisionClient:
     retry = RetryPolicy(max_attempts=args.max_attempts, max_total_s=args.max_retry_s)
     if args.url:
@@ -121,15 +129,8 @@ def _client(args: argparse.Namespace) -> DecisionClient:
         return DecisionClient.for_url(
             args.url, retry=retry, timeout_s=args.timeout, api_key=api_key
         )
-    runtime_client = None
-    if args.endpoint_url:
-        import boto3
-
-        runtime_client = boto3.client(
-            "sagemaker-runtime", region_name=args.region, endpoint_url=args.endpoint_url
-        )
     return DecisionClient.for_endpoint(
-        args.endpoint_name, region=args.region, runtime_client=runtime_client, retry=retry
+        args.endpoint_name, region=args.region, endpoint_url=args.endpoint_url, retry=retry
     )
 
 
@@ -239,11 +240,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     behaviour = target.add_argument_group("behaviour")
     behaviour.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    defaults = RetryPolicy()
     behaviour.add_argument(
-        "--max-attempts", type=_positive_int, default=6, help="tries on busy (503)"
+        "--max-attempts",
+        type=_positive_int,
+        default=defaults.max_attempts,
+        help="most tries while the endpoint is busy (503, 429; default %(default)s)",
     )
     behaviour.add_argument(
-        "--max-retry-s", type=float, default=60.0, help="total seconds spent retrying"
+        "--max-retry-s",
+        type=_seconds,
+        default=defaults.max_total_s,
+        help="no retry starts later than this after the first try (default %(default)s)",
     )
     behaviour.add_argument(
         "--timeout",

@@ -2,9 +2,10 @@
 
 One interface, two transports: a SageMaker endpoint through boto3's `sagemaker-runtime`
 `invoke_endpoint`, or a local `serve` over HTTP. Everything goes through /invocations, so
-the same calls work on both. A busy answer (503, SageMaker throttling) is retried with
-capped exponential backoff and full jitter, within a bounded number of attempts and a
-bounded total time; 4xx answers are never retried. Errors keep the endpoint's message.
+the same calls work on both. A busy answer (a retryable 503, a 429, SageMaker throttling)
+is retried: after the endpoint's own Retry-After when it gives one, else with capped
+exponential backoff and full jitter, within a bounded number of attempts and a bounded total
+time; other answers are never retried. Errors keep the endpoint's message.
 
 Only boto3 (SageMaker) or httpx (local URL) is needed: this module never imports llama.cpp.
 
@@ -18,15 +19,23 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import httpx
 
 DEFAULT_TIMEOUT_S = 120.0
 _BUSY_AWS_ERRORS = ("ThrottlingException", "ServiceUnavailable", "ModelNotReadyException")
+_RETRYABLE_STATUSES = (429, 503)
+# SageMaker is not known to pass a container's headers on in a ModelError: a hint meant for
+# SageMaker callers has to ride in the JSON body, under this name.
+RETRY_AFTER_FIELD = "retry_after_seconds"
+_DELTA_SECONDS = re.compile(r"[0-9]+")
 _ENDPOINT_DONE = ("InService", "Failed", "OutOfService", "Deleting")
 
 
@@ -41,7 +50,15 @@ class EndpointError(Exception):
 
 
 class BusyError(EndpointError):
-    """The endpoint stayed busy (503) through every retry the policy allowed."""
+    """A retryable answer: 429, 503 unless the body says `"retryable": false`, SageMaker
+    throttling. Raised by the client once the retry policy gives up (the last answer is its
+    `__cause__`). `retry_after_s` is the endpoint's hint, None when it gave none."""
+
+    def __init__(
+        self, status: int, message: str, body: Any = None, *, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(status, message, body)
+        self.retry_after_s = retry_after_s
 
 
 class UnreachableError(EndpointError):
@@ -50,24 +67,73 @@ class UnreachableError(EndpointError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Capped exponential backoff with full jitter, bounded in attempts and total time.
+    """When to retry a busy answer, bounded in attempts and in total time.
 
-    Before retry n (0-based) the client sleeps uniform(0, min(max_delay_s, base_delay_s *
-    2**n)) seconds, unless that sleep would pass `max_total_s` since the first attempt.
+    The endpoint knows how long its queue is, so its Retry-After wins: the client waits that
+    long plus uniform(0, retry_after_jitter_s), the jitter keeping clients told the same
+    number from returning together. Without a hint it backs off exponentially with full
+    jitter: before retry n (0-based) uniform(0, min(max_delay_s, base_delay_s * 2**n)).
+    No sleep ends past `max_total_s` after the first attempt started, and a hint that does
+    not fit in what is left ends the call at once (coming back early only adds load).
+
+    The default budget is 30 s: retries start within 30 s, so a last try answered within
+    another 30 s ends the call inside 60 s, SageMaker's limit for one invocation. The
+    attempt limit is a backstop against tiny delays hammering a busy endpoint.
     """
 
-    max_attempts: int = 6
+    max_attempts: int = 30
     base_delay_s: float = 0.2
     max_delay_s: float = 5.0
-    max_total_s: float = 60.0
+    max_total_s: float = 30.0
+    retry_after_jitter_s: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1 or min(self.base_delay_s, self.max_delay_s) < 0:
+        delays = (self.base_delay_s, self.max_delay_s, self.max_total_s, self.retry_after_jitter_s)
+        if self.max_attempts < 1 or min(delays) < 0:
             raise ValueError("max_attempts must be >= 1 and delays >= 0")
 
-    def backoff_s(self, retry: int, unit: float) -> float:
-        """The sleep before retry `retry`, for a uniform draw `unit` in [0, 1)."""
-        return unit * min(self.max_delay_s, self.base_delay_s * 2.0**retry)
+    def give_up_reason(
+        self, attempts: int, elapsed_s: float, retry_after_s: float | None
+    ) -> str | None:
+        """Why no retry may follow `attempts` busy answers `elapsed_s` into the call; None
+        while one may."""
+        remaining = self.max_total_s - elapsed_s
+        if attempts >= self.max_attempts:
+            return f"the attempt limit is {self.max_attempts}"
+        if remaining <= 0:
+            return f"the {self.max_total_s:g} s retry budget is spent"
+        if retry_after_s is not None and retry_after_s > remaining:
+            return (
+                f"the endpoint asked to retry after {retry_after_s:.1f} s, more than the "
+                f"{remaining:.1f} s left of the {self.max_total_s:g} s retry budget"
+            )
+        return None
+
+    def delay_s(
+        self, retry: int, elapsed_s: float, retry_after_s: float | None, unit: float
+    ) -> float:
+        """The sleep before retry `retry` (0-based), for a uniform draw `unit` in [0, 1)."""
+        if retry_after_s is None:
+            wanted = unit * min(self.max_delay_s, self.base_delay_s * 2.0**retry)
+        else:
+            wanted = retry_after_s + unit * self.retry_after_jitter_s
+        return max(0.0, min(wanted, self.max_total_s - elapsed_s))
+
+
+def parse_retry_after(value: str, now: float) -> float | None:
+    """A Retry-After value as seconds from `now` (epoch seconds): delta-seconds or an
+    HTTP-date (RFC 9110 10.2.3; a date in the past is 0). None when it is neither, so a
+    malformed hint falls back to backoff instead of failing the call."""
+    text = value.strip()
+    if _DELTA_SECONDS.fullmatch(text):
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:  # asctime and "-0000" dates carry no zone; HTTP-dates are GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now)
 
 
 # -- typed results ------------------------------------------------------------------------
@@ -210,17 +276,31 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _error_from_answer(status: int, text: str) -> EndpointError:
-    """Keep the endpoint's own message: the `error` field of a JSON body, else the text."""
+def _retry_after_s(header: str | None, body: Any) -> float | None:
+    """The endpoint's retry hint: a valid Retry-After header, else the body's
+    `retry_after_seconds` (the only hint that survives SageMaker's ModelError)."""
+    parsed = None if header is None else parse_retry_after(header, time.time())
+    if parsed is not None:
+        return parsed
+    hint = body.get(RETRY_AFTER_FIELD) if isinstance(body, dict) else None
+    if isinstance(hint, bool) or not isinstance(hint, int | float) or not hint >= 0:  # NaN too
+        return None
+    return float(hint)
+
+
+def _error_from_answer(status: int, text: str, retry_after: str | None) -> EndpointError:
+    """Keep the endpoint's own message: the `error` field of a JSON body, else the text.
+    429 and 503 are busy unless the body says `"retryable": false` (an unhealthy model)."""
     try:
         body: Any = json.loads(text)
     except ValueError:
         body = text
     message = body.get("error") if isinstance(body, dict) else None
     message = message if isinstance(message, str) else text.strip() or f"HTTP {status}"
-    retryable = status == 503 and not (isinstance(body, dict) and body.get("retryable") is False)
-    error_type = BusyError if retryable else EndpointError
-    return error_type(status, message, body)
+    refused = isinstance(body, dict) and body.get("retryable") is False
+    if status in _RETRYABLE_STATUSES and not refused:
+        return BusyError(status, message, body, retry_after_s=_retry_after_s(retry_after, body))
+    return EndpointError(status, message, body)
 
 
 def _parse_answer(text: str | bytes) -> Any:
@@ -252,7 +332,9 @@ class HttpTransport:
         except httpx.HTTPError as error:
             raise UnreachableError(0, f"cannot reach {self.base_url}: {error}") from None
         if response.status_code >= 300:
-            raise _error_from_answer(response.status_code, response.text)
+            raise _error_from_answer(
+                response.status_code, response.text, response.headers.get("retry-after")
+            )
         return _parse_answer(response.content)
 
     def wait_until_ready(
@@ -289,9 +371,9 @@ class SageMakerTransport:
     """A SageMaker real-time endpoint through boto3 `sagemaker-runtime` `invoke_endpoint`.
 
     A container error arrives as botocore's ModelError (HTTP 424) carrying the container's
-    status and body; it is mapped back to that status and message. botocore's own retries
-    are the caller's to configure; the client created here has them off, so the retry
-    policy alone decides.
+    status and body; it is mapped back to that status and message. The client created here
+    (optionally for `endpoint_url`, e.g. a local serve) has botocore's own retries off, so
+    the retry policy alone decides; a `runtime_client` passed in keeps its own.
     """
 
     def __init__(
@@ -300,13 +382,16 @@ class SageMakerTransport:
         *,
         region: str | None = None,
         runtime_client: Any = None,
+        endpoint_url: str | None = None,
         control_client: Any = None,
         poll_s: float = 15.0,
     ) -> None:
+        if runtime_client is not None and endpoint_url is not None:
+            raise ValueError("pass runtime_client or endpoint_url, not both")
         self.endpoint_name = endpoint_name
         self.region = region
         self.poll_s = poll_s  # DescribeEndpoint interval while waiting
-        self._runtime = runtime_client or _boto3_client("sagemaker-runtime", region)
+        self._runtime = runtime_client or _boto3_client("sagemaker-runtime", region, endpoint_url)
         self._control = control_client
 
     def describe(self) -> str:
@@ -356,25 +441,37 @@ class SageMakerTransport:
             time.sleep(min(self.poll_s, max(0.0, timeout_s - elapsed)))
 
 
-def _boto3_client(service: str, region: str | None) -> Any:
+def _boto3_client(service: str, region: str | None, endpoint_url: str | None = None) -> Any:
+    """One try per call: botocore's `max_attempts` counts retries (1 would mean 2 tries),
+    and its standard mode retries throttling, 5xx and read timeouts with its own sleeps, so
+    only `total_max_attempts` 1 keeps a call inside the policy's budget. The read timeout
+    outlasts SageMaker's 60 s invocation limit; a connection takes seconds or fails."""
     import boto3
     from botocore.config import Config
 
-    config = Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=70)
-    return boto3.client(service, region_name=region, config=config)
+    config = Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=70,
+    )
+    return boto3.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
 
 
 def _error_from_client_error(response: Mapping[str, Any]) -> EndpointError:
-    """ModelError -> the container's own status and message; throttling -> busy."""
+    """ModelError -> the container's own status and message; throttling -> busy. A
+    Retry-After on the AWS answer itself is honoured (the local serve's SageMaker route
+    keeps the container's; SageMaker is not known to)."""
     code = response.get("Error", {}).get("Code", "")
     message = response.get("Error", {}).get("Message", "")
+    metadata = response.get("ResponseMetadata", {})
+    retry_after = metadata.get("HTTPHeaders", {}).get("retry-after")
     if code == "ModelError" and "OriginalStatusCode" in response:
-        return _error_from_answer(
-            int(response["OriginalStatusCode"]), str(response.get("OriginalMessage", message))
-        )
-    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        original = str(response.get("OriginalMessage", message))
+        return _error_from_answer(int(response["OriginalStatusCode"]), original, retry_after)
+    status = int(metadata.get("HTTPStatusCode", 0))
     if code in _BUSY_AWS_ERRORS:
-        return BusyError(503, f"{code}: {message}", dict(response))
+        hint = _retry_after_s(retry_after, None)
+        return BusyError(status, f"{code}: {message}", dict(response), retry_after_s=hint)
     return EndpointError(status, f"{code}: {message}", dict(response))
 
 
@@ -391,11 +488,13 @@ class DecisionClient:
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.transport = transport
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
+        self._clock = clock  # measures the retry budget; injected with `sleep` in tests
 
     @classmethod
     def for_url(
@@ -417,15 +516,18 @@ class DecisionClient:
         *,
         region: str | None = None,
         runtime_client: Any = None,
+        endpoint_url: str | None = None,
         retry: RetryPolicy | None = None,
         control_client: Any = None,
     ) -> DecisionClient:
-        """A SageMaker endpoint; pass `runtime_client` to reuse a configured boto3 client
-        (for example one with `endpoint_url` pointing at a local server)."""
+        """A SageMaker endpoint. `endpoint_url` sends the runtime calls elsewhere (e.g. a
+        local serve) with the client's own boto3 settings; `runtime_client` reuses a boto3
+        client configured by the caller, botocore retries included."""
         transport = SageMakerTransport(
             endpoint_name,
             region=region,
             runtime_client=runtime_client,
+            endpoint_url=endpoint_url,
             control_client=control_client,
         )
         return cls(transport, retry=retry)
@@ -434,23 +536,26 @@ class DecisionClient:
         """POST any body to /invocations and return the parsed JSON answer, retrying busy
         answers under the policy; raises BusyError once the policy gives up."""
         payload = json.dumps(body, allow_nan=False).encode()
-        started = time.monotonic()
-        for attempt in range(self.retry.max_attempts):
+        started = self._clock()
+        attempts = 0
+        while True:
+            attempts += 1
             try:
                 return self.transport.post(payload)
             except BusyError as error:
-                delay = self.retry.backoff_s(attempt, self._rng.random())
-                elapsed = time.monotonic() - started
-                last_attempt = attempt + 1 >= self.retry.max_attempts
-                if last_attempt or elapsed + delay > self.retry.max_total_s:
+                elapsed = self._clock() - started
+                hint = error.retry_after_s
+                reason = self.retry.give_up_reason(attempts, elapsed, hint)
+                if reason is not None:
+                    tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
                     raise BusyError(
                         error.status,
-                        f"{error.message} (gave up after {attempt + 1} attempt(s) in "
-                        f"{elapsed:.1f} s)",
+                        f"gave up after {tries} over {elapsed:.1f} s ({reason}); "
+                        f"last answer: {error.message}",
                         error.body,
+                        retry_after_s=hint,
                     ) from error
-                self._sleep(delay)
-        raise AssertionError("unreachable: the loop returns or raises")
+                self._sleep(self.retry.delay_s(attempts - 1, elapsed, hint, self._rng.random()))
 
     def decide(self, decision: Mapping[str, Any]) -> DecisionResult:
         """One decision: {"id", "state", "question", "options": [{"id", "description"}]}."""

@@ -180,8 +180,11 @@ def check_shared(answer: dict[str, Any]) -> list[str]:
         "smoke-urgent",
     ]:
         raise SmokeError(f"shared request returned wrong results: {str(answer)[:300]}")
-    if not answer.get("timing", {}).get("prefix_tokens"):
-        raise SmokeError(f"shared request evaluated no common prefix: {str(answer)[:300]}")
+    timing = answer.get("timing", {})
+    if timing.get("passes") != 1 or not timing.get("evaluated_tokens", 0) < timing.get(
+        "input_tokens", 0
+    ):
+        raise SmokeError(f"shared request did not share its prefix: {str(answer)[:300]}")
     for result in results:
         total = sum(float(p) for p in result.get("probabilities", []))
         if not math.isclose(total, 1.0, abs_tol=1e-3):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from model_build.archive import ArchiveDigest, write_archive
+from model_build.calibration import Calibration
 from model_build.errors import BuildError
 from model_build.fetch import HttpSettings, RetryPolicy, ensure_free_space, fetch
 from model_build.gguf_info import inspect_gguf
@@ -31,10 +32,10 @@ from model_build.manifest import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
     BuildInfo,
-    Calibration,
     GgufInfo,
     Manifest,
     SourceInfo,
+    calibration_sha256,
 )
 from model_build.publish import (
     META_BUILD_KEY,
@@ -86,7 +87,7 @@ class BuildRequest:
     http: HttpSettings
     retry: RetryPolicy
     kms_key_id: str | None = None
-    calibration_temperature: float | None = None
+    calibration: Calibration | None = None  # recorded as the manifest's `calibration`
     part_bytes: int = 64 << 20
 
 
@@ -123,7 +124,9 @@ def build_key(request: BuildRequest) -> str:
         "sha256": request.sha256,
         "builder_version": builder_version(),
         "builder_fingerprint": builder_fingerprint(),
-        "calibration_temperature": request.calibration_temperature,
+        "calibration_sha256": None
+        if request.calibration is None
+        else calibration_sha256(request.calibration),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -201,7 +204,6 @@ def run_build(request: BuildRequest, s3_client: Callable[[], Any]) -> BuildResul
 
 def _manifest(request: BuildRequest, gguf: GgufInfo) -> Manifest:
     source = request.source
-    temperature = request.calibration_temperature
     return Manifest(
         source=SourceInfo(uri=source.uri, revision=source.revision, file=source.file),
         gguf=gguf,
@@ -209,7 +211,7 @@ def _manifest(request: BuildRequest, gguf: GgufInfo) -> Manifest:
             built_at=request.built_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             builder_version=builder_version(),
         ),
-        calibration=None if temperature is None else Calibration(temperature=temperature),
+        calibration=request.calibration,
     )
 
 

@@ -13,7 +13,6 @@ import argparse
 import errno
 import functools
 import logging
-import math
 import os
 import signal
 import sys
@@ -27,6 +26,7 @@ import boto3
 from botocore.config import Config
 
 from model_build.build import BuildRequest, run_build
+from model_build.calibration import Calibration, CalibrationError, load_calibration
 from model_build.embedded import SMOLLM2
 from model_build.errors import BuildError
 from model_build.fetch import HttpSettings, RetryPolicy
@@ -97,10 +97,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "[MODEL_BUILD_WORK_DIR; default .cache/model-build]",
     )
     parser.add_argument(
-        "--calibration-temperature",
-        type=float,
-        default=env.get("MODEL_CALIBRATION_TEMPERATURE") or None,
-        help="record calibration.temperature in the manifest [MODEL_CALIBRATION_TEMPERATURE]",
+        "--calibration",
+        type=Path,
+        default=env.get("MODEL_CALIBRATION_FILE") or None,
+        metavar="FILE",
+        help="a calibration file (semif-calibrate's output), validated and recorded as the "
+        "manifest's calibration section [MODEL_CALIBRATION_FILE]",
     )
     parser.add_argument(
         "--retries",
@@ -128,9 +130,7 @@ def _request(args: argparse.Namespace, env: Mapping[str, str]) -> BuildRequest:
         raise BuildError("no destination: pass --dest or set MODEL_DEST_URI")
     dest = parse_destination(args.dest)
     source, sha256 = _resolve_source(args.source, args.sha256)
-    temperature = args.calibration_temperature
-    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
-        raise BuildError(f"bad calibration temperature {temperature}: must be positive")
+    calibration = None if args.calibration is None else _calibration(args.calibration)
     if args.part_size_mb < 5:
         raise BuildError(f"bad part size {args.part_size_mb} MiB: S3 parts are at least 5 MiB")
     if args.retries < 1 or args.retry_wait < 0:
@@ -144,7 +144,7 @@ def _request(args: argparse.Namespace, env: Mapping[str, str]) -> BuildRequest:
         http=HttpSettings(base_url=args.hf_base_url, token=env.get("HF_TOKEN") or None),
         retry=RetryPolicy(attempts=args.retries, first_wait_s=args.retry_wait),
         kms_key_id=args.kms_key_id,
-        calibration_temperature=temperature,
+        calibration=calibration,
         part_bytes=args.part_size_mb << 20,
     )
 
@@ -156,6 +156,26 @@ def _resolve_source(text: str, sha256: str | None) -> tuple[Source, str]:
     if not expected:
         raise BuildError(f"no expected sha256 for {text}: pass --sha256 or set MODEL_SHA256")
     return source, parse_sha256(expected)
+
+
+def _calibration(path: Path) -> Calibration:
+    """The calibration file, checked against its format before anything is downloaded.
+
+    Whether it was fitted for the prompts the adapter renders (`prompt_version`) is checked
+    by the CDK app at synth and by the adapter at start; the builder packs models for any
+    adapter version."""
+    try:
+        calibration = load_calibration(path)
+    except CalibrationError as error:
+        raise BuildError(str(error)) from None
+    log.info(
+        "calibration %s: prompt version %s, option order %s, temperatures %s",
+        path,
+        calibration.prompt_version,
+        calibration.option_order,
+        calibration.temperatures,
+    )
+    return calibration
 
 
 def _built_at(env: Mapping[str, str]) -> datetime:

@@ -5,19 +5,22 @@ refuses a GGUF whose name, size or sha256 differ. Both sides use this module, so
 has one definition (documented in docs/manifest.md). `parse_manifest` is pure: it takes the
 decoded JSON and returns a typed `Manifest` or raises `ManifestError` naming the field.
 
-Readers ignore keys they do not know, so optional additions (like `calibration`) do not
-break older adapters; an incompatible change must bump `schema_version`.
+Readers ignore keys they do not know, so optional additions do not break older adapters; an
+incompatible change must bump `schema_version`. The optional `calibration` section is exactly
+a calibration file (`model_build.calibration`, the one definition of that format), so what
+`semif-calibrate` fitted is what the adapter reads.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from model_build.calibration import Calibration, CalibrationError, parse_calibration
 from model_build.sources import COMMIT_PATTERN, SHA256_PATTERN
 
 SCHEMA_VERSION = 1
@@ -63,13 +66,6 @@ class BuildInfo:
 
 
 @dataclass(frozen=True)
-class Calibration:
-    """Optional adapter settings fitted after the build (e.g. a softmax temperature)."""
-
-    temperature: float
-
-
-@dataclass(frozen=True)
 class Manifest:
     source: SourceInfo
     gguf: GgufInfo
@@ -78,10 +74,22 @@ class Manifest:
 
     def to_json(self) -> str:
         """Canonical text (sorted keys, fixed indent), so equal manifests are equal bytes."""
-        document: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **asdict(self)}
-        if self.calibration is None:
-            del document["calibration"]
+        document: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "source": asdict(self.source),
+            "gguf": asdict(self.gguf),
+            "build": asdict(self.build),
+        }
+        if self.calibration is not None:
+            document["calibration"] = self.calibration.to_document()
         return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def calibration_sha256(calibration: Calibration) -> str:
+    """sha256 of the calibration as the manifest records it (canonical JSON): what the build
+    key and the model object key name, so a refit is a new archive but reformatting the file
+    is not."""
+    return hashlib.sha256(calibration.to_json().encode()).hexdigest()
 
 
 def parse_manifest(document: object) -> Manifest:
@@ -106,13 +114,6 @@ def parse_manifest(document: object) -> Manifest:
     vocab_size = _field(gguf, "vocab_size", int, "gguf.")
     if vocab_size <= 0 or (context_length is not None and context_length <= 0):
         raise ManifestError("gguf.vocab_size and gguf.context_length must be positive")
-    calibration = None
-    if root.get("calibration") is not None:
-        section = _mapping(root["calibration"], "calibration")
-        temperature = _field(section, "temperature", float, "calibration.")
-        if not math.isfinite(temperature) or temperature <= 0:
-            raise ManifestError("calibration.temperature: must be a positive finite number")
-        calibration = Calibration(temperature=temperature)
     return Manifest(
         source=SourceInfo(
             uri=_field(source, "uri", str, "source."),
@@ -134,8 +135,24 @@ def parse_manifest(document: object) -> Manifest:
             built_at=_field(build, "built_at", str, "build."),
             builder_version=_field(build, "builder_version", str, "build."),
         ),
-        calibration=calibration,
+        calibration=_calibration(root.get("calibration")),
     )
+
+
+def _calibration(section: object) -> Calibration | None:
+    """The calibration file's own rules, errors named `calibration.<field>`."""
+    if section is None:
+        return None
+    if isinstance(section, Mapping) and "temperature" in section and "temperatures" not in section:
+        # The pre-calibration-file form: refused by name, not as a missing schema_version.
+        raise ManifestError(
+            "calibration: the single 'temperature' form is not read any more; rebuild with "
+            "model-build --calibration FILE (a semif-calibrate file)"
+        )
+    try:
+        return parse_calibration(section)
+    except CalibrationError as error:
+        raise ManifestError(str(error)) from None
 
 
 def load_manifest(path: Path) -> Manifest:
@@ -164,9 +181,7 @@ def _optional(section: Mapping[str, Any], key: str, kind: type[_T], where: str) 
     value = section.get(key)
     if value is None:
         return None
-    # JSON numbers: bool is an int in Python but never a count; an int is a valid float.
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+    # bool is an int in Python, but never a count.
     if isinstance(value, bool) or not isinstance(value, kind):
         raise ManifestError(f"{where}{key}: expected {kind.__name__}, got {type(value).__name__}")
     if kind is str and not value:

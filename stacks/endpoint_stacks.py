@@ -82,7 +82,13 @@ class DecisionEndpointStack(Stack):
             rollback_alarms=alarms.rollback_alarms,
             log_key=model.key,
         )
-        EndpointAutoscaling(self, "Scaling", endpoint=self.endpoint, settings=settings.autoscaling)
+        EndpointAutoscaling(
+            self,
+            "Scaling",
+            endpoint=self.endpoint,
+            settings=settings.autoscaling,
+            target_concurrency=settings.target_concurrency,
+        )
         self.check = EndpointCheck(
             self,
             "Check",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling, ScalingMetric
+from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
 from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
 from stacks.config import (
     CANARY_ONE_INSTANCE,
@@ -64,12 +64,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                     placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),
                     threads=8,
                     gpu_layers=0,
-                    autoscaling=Autoscaling(
-                        min_capacity=1,
-                        max_capacity=2,
-                        metric=ScalingMetric.INVOCATIONS,
-                        target_value=30.0,
-                    ),
+                    autoscaling=Autoscaling(min_capacity=1, max_capacity=2),
                 ),
                 standard=StandardEndpointSettings(
                     placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),
@@ -90,12 +85,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                     placement=CpuPlacement(instance_type="ml.c6i.8xlarge"),
                     threads=32,
                     gpu_layers=0,
-                    autoscaling=Autoscaling(
-                        min_capacity=2,
-                        max_capacity=6,
-                        metric=ScalingMetric.CONCURRENCY,
-                        target_value=0.8,
-                    ),
+                    autoscaling=Autoscaling(min_capacity=2, max_capacity=6),
                     alarms=AlarmThresholds(p95_model_latency_ms=20_000),
                     rollout=CANARY_ONE_INSTANCE,
                 ),
@@ -126,12 +116,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                         inference_ami_version=CUDA13_AMI,
                     ),
                     gpu_layers=-1,
-                    autoscaling=Autoscaling(
-                        min_capacity=1,
-                        max_capacity=4,
-                        metric=ScalingMetric.CONCURRENCY,
-                        target_value=0.8,
-                    ),
+                    autoscaling=Autoscaling(min_capacity=1, max_capacity=4),
                     alarms=AlarmThresholds(p95_model_latency_ms=1000),
                 ),
                 standard=StandardEndpointSettings(

@@ -164,8 +164,9 @@ def shared_state(service: DecisionService, decisions: Sequence[Decision]) -> dic
     shared = service.decide(decisions, "shared")
     timing = shared["timing"]
     state_tokens = len(service.engine.tokenize(decisions[0].state_text))
-    require(timing["branch_waves"] == 1, f"{timing['branch_waves']} branch waves")
-    require(timing["prefix_tokens"] > state_tokens, f"prefix {timing['prefix_tokens']} tokens")
+    require(timing["passes"] == 1, f"{timing['passes']} passes")
+    shared_rows = timing["input_tokens"] - timing["reused_tokens"] - timing["evaluated_tokens"]
+    require(shared_rows > state_tokens, f"only {shared_rows} tokens decoded once for all")
     _require_distributions(shared)
     alone: list[list[float]] = []
     for decision in decisions:

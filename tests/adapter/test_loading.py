@@ -22,9 +22,11 @@ from adapter.labels import letter_mass_floor
 from adapter.model_files import ModelFilesError, resolve_model_files
 from adapter.runtime import load_service
 from adapter.settings import Settings, SettingsError, load_settings
+from model_build.calibration import Calibration
 from model_build.embedded import sha256_of
 from model_build.gguf_info import inspect_gguf
 from model_build.manifest import BuildInfo, Manifest, SourceInfo
+from tests.model_build.support import CALIBRATION
 from tests.support.broken_models import crush_letter_mass, perturb_output, poison_with_nan
 from tests.support.models import open_test_model
 from tests.support.serving import decision, serving
@@ -32,13 +34,14 @@ from tests.support.serving import decision, serving
 HEADERS = {"content-type": "application/json"}
 
 
-def write_manifest(model_dir: Path) -> None:
+def write_manifest(model_dir: Path, calibration: Calibration | None = None) -> None:
     gguf = next(model_dir.glob("*.gguf"))
     info = inspect_gguf(gguf, file=gguf.name, size=gguf.stat().st_size, sha256=sha256_of(gguf))
     manifest = Manifest(
         source=SourceInfo(uri="s3://bucket/tiny.gguf", revision=None, file=gguf.name),
         gguf=info,
         build=BuildInfo(built_at="2026-11-29T00:00:00Z", builder_version="test"),
+        calibration=calibration,
     )
     (model_dir / "model-manifest.json").write_text(manifest.to_json())
 
@@ -82,6 +85,31 @@ def test_sagemaker_model_dir_serves_a_verified_or_explicitly_allowed_model(
     verified = load_service(Settings(model_dir=sagemaker_dir, threads=1))
     assert verified.model["manifest"] == "model-manifest.json"
     verified.engine.close()
+
+
+def test_the_manifest_calibration_is_exposed_and_summarised(tiny_model_dir: Path) -> None:
+    write_manifest(tiny_model_dir)
+    plain = resolve_model_files(tiny_model_dir, None)
+    assert (plain.calibration, plain.identity["calibration"]) == (None, None)
+    write_manifest(tiny_model_dir, CALIBRATION)
+    files = resolve_model_files(tiny_model_dir, None)
+    assert files.calibration == CALIBRATION
+    # Enough to tell which fit produced the probabilities; priors and metrics stay in the file.
+    assert files.identity["calibration"] == {
+        "prompt_version": CALIBRATION.prompt_version,
+        "option_order": CALIBRATION.option_order,
+        "temperatures": {"choice": 1.5, "noul": 0.8},
+        "tasks_sha256": CALIBRATION.tasks_sha256,
+    }
+
+
+def test_a_manifest_with_the_old_calibration_form_is_refused(tiny_model_dir: Path) -> None:
+    write_manifest(tiny_model_dir)
+    path = tiny_model_dir / "model-manifest.json"
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps({**document, "calibration": {"temperature": 1.7}}))
+    with pytest.raises(ModelFilesError, match="the single 'temperature' form is not read"):
+        resolve_model_files(tiny_model_dir, None)
 
 
 def test_outside_sagemaker_a_bare_gguf_still_loads(tiny_model_dir: Path) -> None:

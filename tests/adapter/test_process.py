@@ -35,11 +35,21 @@ def run_serve(env: dict[str, str], timeout: float = 30) -> subprocess.CompletedP
 
 
 def test_invalid_setting_stops_with_one_line() -> None:
-    result = run_serve({"SEMIF_MAX_IN_FLIGHT": "0"})
+    result = run_serve({"SEMIF_MAX_QUEUE": "0"})
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        "serve: SEMIF_MAX_IN_FLIGHT=0 is out of range; allowed 1..64"
+        "serve: SEMIF_MAX_QUEUE=0 is out of range; allowed 1..4096"
     ]
+
+
+def test_the_retired_max_in_flight_setting_stops_with_one_line() -> None:
+    """SEMIF_MAX_IN_FLIGHT would silently do nothing under batching: it is a start error."""
+    result = run_serve({"SEMIF_MAX_IN_FLIGHT": "1"})
+    assert result.returncode != 0
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("serve: SEMIF_MAX_IN_FLIGHT is no longer read: ")
+    assert "SEMIF_MAX_QUEUE" in line
+    assert "SEMIF_MAX_BATCH_REQUESTS" in line
 
 
 def test_missing_model_stops_the_process(tmp_path: Path) -> None:

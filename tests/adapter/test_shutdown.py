@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from adapter.engine import LlamaEngine
+from adapter.engine import GenerationRun
 from adapter.errors import UnavailableError
 from adapter.schema import parse_decision_request
 from adapter.settings import Settings
@@ -23,15 +23,15 @@ HEADERS = {"content-type": "application/json"}
 CHAT = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400}
 
 
-def slow_tokens(engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+def slow_tokens(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Make every generated token take `seconds`, so a chat runs long enough to interrupt."""
-    real = engine._decode_next
+    real = GenerationRun.step
 
-    def slow(token: int, position: int) -> None:
+    def slow(run: GenerationRun) -> bool:
         time.sleep(seconds)
-        real(token, position)
+        return real(run)
 
-    monkeypatch.setattr(engine, "_decode_next", slow)
+    monkeypatch.setattr(GenerationRun, "step", slow)
     monkeypatch.setattr(
         "adapter.engine.llama_cpp.llama_vocab_is_eog", lambda vocab, token: False
     )  # never stop early: the chat would otherwise end on its own
@@ -44,7 +44,7 @@ def test_shutdown_stops_admission_and_cancels_in_flight_work_after_the_grace(
     with serving(settings) as client:
         runtime = runtime_of(client.app)
         assert runtime.service is not None
-        slow_tokens(runtime.service.engine, monkeypatch, 0.02)  # 400 tokens: 8 s uncancelled
+        slow_tokens(monkeypatch, 0.02)  # 400 tokens: 8 s uncancelled
         answers: dict[str, Any] = {}
 
         def chat() -> None:
@@ -84,7 +84,7 @@ def test_in_flight_work_within_the_grace_finishes_normally(
     with serving(settings) as client:
         runtime = runtime_of(client.app)
         assert runtime.service is not None
-        slow_tokens(runtime.service.engine, monkeypatch, 0.001)
+        slow_tokens(monkeypatch, 0.001)
         answers: dict[str, Any] = {}
         body = json.dumps({**CHAT, "max_tokens": 50})
         worker = threading.Thread(

@@ -56,8 +56,10 @@ def test_model_answers_with_a_letter(service: DecisionService) -> None:
 def test_shared_batch_agrees_with_single_scoring(service: DecisionService) -> None:
     _, decisions = parse_decision_request(example("shared-decisions.json"), 64)
     shared = service.decide(decisions, "shared")
-    assert shared["timing"]["prefix_tokens"] > 40
-    assert shared["timing"]["branch_waves"] == 1
+    timing = shared["timing"]
+    assert timing["passes"] == 1
+    # The shared system prompt and state are decoded once for every prompt.
+    assert timing["input_tokens"] - timing["reused_tokens"] - timing["evaluated_tokens"] > 40
     for decision, batched in zip(decisions, shared["results"], strict=True):
         service.engine.reset()
         alone = service.decide([decision], "single")["results"][0]

@@ -363,7 +363,7 @@ def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
             Decision("small", "Shared evidence.", "Which queue?", _options(3)),
         ]
         batch = service.score(decisions, ["wide", "mid", "small"])
-        assert batch.timing.branch_waves == 2  # 27 sequences, then 7 + 1, of 30
+        assert batch.timing.passes == 2  # 27 sequences, then 7 + 1, of 30
         for decision, readout in zip(decisions, batch.readouts, strict=True):
             joint = _reference_log_probabilities(model, decision)
             weights = np.exp(joint - joint.max())

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from adapter.ordering import arrange, canonical_order, to_caller
 from adapter.prompts import PAIR_LABELS, SINGLE_LABELS, answer_labels, render_decision
 from adapter.readout import log_probabilities
 from adapter.schema import Decision, Option
@@ -88,7 +89,8 @@ def test_255_options_are_scored_exactly(client: TestClient) -> None:
     decision = Decision(
         "code", state, "Which code fits?", tuple(Option(key, key) for key in criteria)
     )
-    prompt = engine.tokenize(render_decision(service.template, decision))
+    order = canonical_order(decision.options)  # the server's default option order
+    prompt = engine.tokenize(render_decision(service.template, arrange(decision, order)))
     (alone,), _ = engine.score([prompt])
     first = log_probabilities(alone.logits)
     pairs = service.labels.token_ids(answer_labels(255))
@@ -98,5 +100,5 @@ def test_255_options_are_scored_exactly(client: TestClient) -> None:
         second[letter] = log_probabilities(after.logits)
     joint = [first[letter] + second[letter][digit] for letter, digit in pairs]
     weights = np.exp(np.array(joint) - max(joint))
-    expected = weights / weights.sum()
+    expected = to_caller(list(weights / weights.sum()), order)  # back to the request's order
     assert list(probabilities.values()) == pytest.approx(expected, abs=0.02)

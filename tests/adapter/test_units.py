@@ -26,9 +26,36 @@ def test_settings_defaults_match_the_container_contract() -> None:
     settings = load_settings({})
     assert settings.port == 8080
     assert settings.model_dir == Path("/opt/ml/model")
-    assert (settings.max_tokens, settings.max_in_flight) == (4096, 1)
+    assert settings.max_tokens == 4096
     assert (settings.max_shared_decisions, settings.max_body_bytes) == (64, 1 << 20)
     assert settings.n_gpu_layers == 0
+    assert (settings.max_queue, settings.max_batch_requests) == (256, 32)
+    assert (settings.queue_timeout_seconds, settings.request_timeout_seconds) == (20.0, 50.0)
+    assert settings.max_request_tokens == 16_384
+    assert settings.exact_scoring is True
+    assert settings.kv_cells == 4 * settings.max_tokens
+    assert not hasattr(settings, "max_in_flight")
+
+
+def test_request_token_limit_follows_the_prompt_limit() -> None:
+    assert load_settings({"SEMIF_MAX_TOKENS": "32768"}).max_request_tokens == 32_768
+    assert load_settings({"SEMIF_MAX_REQUEST_TOKENS": "4096"}).max_request_tokens == 4096
+    with pytest.raises(SettingsError, match=r"SEMIF_MAX_REQUEST_TOKENS=100 .*allowed 4096\.\."):
+        load_settings({"SEMIF_MAX_REQUEST_TOKENS": "100"})
+
+
+def test_retired_max_in_flight_is_a_start_error_even_when_valid_before() -> None:
+    for value in ("1", "8"):
+        with pytest.raises(SettingsError, match=r"^SEMIF_MAX_IN_FLIGHT is no longer read: "):
+            load_settings({"SEMIF_MAX_IN_FLIGHT": value})
+    assert load_settings({"SEMIF_MAX_IN_FLIGHT": " "}).max_queue == 256  # blank is unset
+
+
+def test_request_timeout_may_not_be_below_the_queue_timeout() -> None:
+    env = {"SEMIF_QUEUE_TIMEOUT_S": "30", "SEMIF_REQUEST_TIMEOUT_S": "10"}
+    with pytest.raises(SettingsError, match="SEMIF_REQUEST_TIMEOUT_S=10 is below"):
+        load_settings(env)
+    assert load_settings({**env, "SEMIF_REQUEST_TIMEOUT_S": "30"}).request_timeout_seconds == 30
 
 
 def test_sagemaker_port_wins_over_semif_port() -> None:
@@ -43,7 +70,12 @@ def test_sagemaker_port_wins_over_semif_port() -> None:
         ("SEMIF_THREADS", "0", "SEMIF_THREADS=0 is out of range; allowed 1.."),
         ("SEMIF_N_GPU_LAYERS", "-2", "SEMIF_N_GPU_LAYERS=-2 is out of range; allowed -1..100000"),
         ("SEMIF_MAX_TOKENS", "ten", "SEMIF_MAX_TOKENS='ten' is not an integer; allowed 64..131072"),
-        ("SEMIF_MAX_IN_FLIGHT", "0", "SEMIF_MAX_IN_FLIGHT=0 is out of range; allowed 1..64"),
+        ("SEMIF_MAX_IN_FLIGHT", "0", "SEMIF_MAX_IN_FLIGHT is no longer read: "),
+        ("SEMIF_MAX_QUEUE", "0", "SEMIF_MAX_QUEUE=0 is out of range; allowed 1..4096"),
+        ("SEMIF_MAX_BATCH_REQUESTS", "257", "SEMIF_MAX_BATCH_REQUESTS=257 is out of range"),
+        ("SEMIF_QUEUE_TIMEOUT_S", "60", "SEMIF_QUEUE_TIMEOUT_S=60"),
+        ("SEMIF_REQUEST_TIMEOUT_S", "0.5", "SEMIF_REQUEST_TIMEOUT_S=0.5"),
+        ("SEMIF_EXACT_SCORING", "maybe", "SEMIF_EXACT_SCORING='maybe' is not a boolean"),
         ("SEMIF_MAX_SHARED_DECISIONS", "2000", "allowed 1..1024"),
         ("SEMIF_MAX_BODY_BYTES", "10", "SEMIF_MAX_BODY_BYTES=10 is out of range; allowed 1024.."),
         ("SAGEMAKER_BIND_TO_PORT", "70000", "SAGEMAKER_BIND_TO_PORT=70000 is out of range"),

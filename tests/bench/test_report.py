@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.peer_server import cached_llama_server
 from bench.report import Figure, Goal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,12 @@ FIGURES = (
     "cold_start",
     "peak_memory",
     "peer",
+    "concurrency_errors",
+    "concurrency_vs_limit",
+    "concurrency_vs_serial",
 )
+# The smoke run uses llama-server only when a full run has built it (minutes of compiling).
+LLAMA_SERVER_FIGURES = ("peer_throughput_c4", "peer_p95_c4")
 
 
 def test_goals_and_verdicts() -> None:
@@ -46,17 +52,18 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
         "--out",
         str(tmp_path),
     ]
-    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads((tmp_path / "bench-report.json").read_text())
     assert report["schema"] == "semif-bench-report/1"
     assert report["run"]["model"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert tuple(report["figures"]) == FIGURES
+    with_llama_server = cached_llama_server() is not None
+    assert tuple(report["figures"]) == FIGURES + (LLAMA_SERVER_FIGURES if with_llama_server else ())
     for key, figure in report["figures"].items():
         for field in ("measured", "reference", "ratio"):
             assert isinstance(figure[field], float), (key, field)
             assert math.isfinite(figure[field]), (key, field)
-            assert figure[field] > 0, (key, field)
+            assert figure[field] > 0 or key == "concurrency_errors", (key, field)
         assert figure["ratio"] == pytest.approx(figure["measured"] / figure["reference"])
         assert figure["verdict"] in ("PASS", "MISS", "-")
         assert figure["title"] in run.stdout
@@ -66,7 +73,23 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     reuse = report["figures"]["prefix_reuse"]["details"]
     for evaluated, total in zip(reuse["evaluated_tokens"], reuse["input_tokens"], strict=True):
         assert 0 < evaluated < total / 2
-    assert (
-        report["figures"]["shared_state_speedup"]["details"]["server_timing"]["prefix_tokens"] > 0
-    )
+    shared = report["figures"]["shared_state_speedup"]["details"]["server_timing"]
+    assert 0 < shared["evaluated_tokens"] < shared["input_tokens"] / 2 + 100
     assert (tmp_path / "bench-report-latency.png").read_bytes().startswith(b"\x89PNG")
+    # Concurrency: the default queue answers every client; every level sent what it planned.
+    assert report["figures"]["concurrency_errors"]["measured"] == 0
+    concurrency = report["concurrency"]
+    for workload in ("distinct", "mix"):
+        levels = concurrency["ours"][workload]
+        assert [level["clients"] for level in levels] == [1, 4]
+        assert [level["requests"] for level in levels] == [4, 8]
+        assert all(level["queue_seconds"] is not None for level in levels)
+    assert concurrency["limit"]["prompts"] == 8
+    assert concurrency["limit"]["engine_calls"] == 2
+    if with_llama_server:
+        peer = report["figures"]["peer_throughput_c4"]["details"]
+        assert peer["same_prompt_tokens"] is True
+        assert 0 <= peer["share_with_all_options_in_top_tokens"] <= 1
+    else:
+        assert concurrency["peer_skipped"] == "--smoke and no llama-server built yet"
+    assert (tmp_path / "bench-report-concurrency.png").read_bytes().startswith(b"\x89PNG")

@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from bench.runner import format_table, run_tasks, summarize
+from bench.metrics import Answer
+from bench.runner import (
+    Outcome,
+    coverage_curve,
+    format_table,
+    format_threshold,
+    run_tasks,
+    summarize,
+    threshold_for,
+)
 from bench.tasks import Task, load_tasks
 from client.decision_client import EndpointError
 
@@ -77,6 +86,55 @@ def test_invalid_answers_count_as_wrong_and_keep_the_run_going() -> None:
     assert "all" in format_table({"all": summary})
 
 
+def test_policy_fields_go_into_every_body() -> None:
+    tasks = policy_tasks(2)
+    seen: list[Mapping[str, Any]] = []
+
+    class Recording:
+        def invoke(self, body: Mapping[str, Any]) -> Any:
+            seen.append(body)
+            return result(["yes", "no"], [0.5, 0.5])
+
+    run_tasks(Recording(), tasks, concurrency=1, policy={"option_order": "debiased"})
+    assert [body["option_order"] for body in seen] == ["debiased", "debiased"]
+    assert [body["decision"]["id"] for body in seen] == [t.id for t in tasks]
+
+
+def test_coverage_curve_and_the_threshold_for_a_target_accuracy() -> None:
+    tasks = policy_tasks(5)
+
+    def outcome(task: Task, confidence: float | None, right: bool) -> Outcome:
+        if confidence is None:
+            return Outcome(task, None, 0.0, error="invalid")
+        other = "no" if task.expected == "yes" else "yes"
+        top = task.expected if right else other
+        rest = other if right else task.expected
+        return Outcome(task, Answer({top: confidence, rest: 1 - confidence}), 0.0)
+
+    outcomes = [
+        outcome(tasks[0], 0.9, True),
+        outcome(tasks[1], 0.8, True),
+        outcome(tasks[2], 0.8, False),
+        outcome(tasks[3], 0.6, True),
+        outcome(tasks[4], None, False),  # invalid: never kept, still counts in coverage
+    ]
+    curve = coverage_curve(outcomes)
+    assert curve == [
+        {"threshold": 0.9, "coverage": 0.2, "accuracy": 1.0},
+        {"threshold": 0.8, "coverage": 0.6, "accuracy": pytest.approx(2 / 3)},
+        {"threshold": 0.6, "coverage": 0.8, "accuracy": 0.75},
+    ]
+    assert threshold_for(curve, 0.75) == curve[2]
+    assert threshold_for(curve, 0.9) == curve[0]
+    assert threshold_for(curve, 1.0) == curve[0]
+    assert "keeps 20% of decisions" in format_threshold(
+        {"target_accuracy": 1.0, "threshold": curve[0]}
+    )
+    assert "no min_confidence reaches" in format_threshold(
+        {"target_accuracy": 0.9, "threshold": threshold_for([], 0.9)}
+    )
+
+
 @pytest.mark.slow
 def test_smoke_run_against_a_real_server(tmp_path: Path) -> None:
     """Console script, local `serve` on the embedded model, two concurrent clients (the
@@ -106,3 +164,6 @@ def test_smoke_run_against_a_real_server(tmp_path: Path) -> None:
         assert math.isclose(sum(outcome["probabilities"].values()), 1.0, abs_tol=1e-3)
     assert (tmp_path / "bench-tasks-latency.png").read_bytes().startswith(PNG_MAGIC)
     assert "all" in run.stdout
+    abstention = report["abstention"]
+    assert abstention["curve"][-1]["coverage"] == 1.0
+    assert "abstention:" in run.stdout

@@ -15,7 +15,7 @@ import aws_cdk as cdk
 from aws_cdk.assertions import Match, Template
 
 import app as cdk_app
-from stacks.config import EndpointKind, EnvironmentConfig
+from stacks.config import REPO_ROOT, EndpointKind, EnvironmentConfig
 from stacks.deployment import add_environment, stack_name
 from stacks.environments import ENVIRONMENTS
 
@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 CDK_CONTEXT: dict[str, Any] = json.loads((REPO / "cdk.json").read_text())["context"]
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 UPDATE_SNAPSHOTS_VARIABLE = "SEMIF_UPDATE_SNAPSHOTS"
+# Calibration files for the tests, named relative to the repository like an environment's.
+CALIBRATIONS = "tests/cdk/calibration"
+VALID_CALIBRATION = f"{CALIBRATIONS}/valid.json"
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def _synthesize(outdir: Path, *, with_nag: bool) -> cdk.cx_api.CloudAssembly:
     if with_nag:  # no CDK_DEFAULT_ACCOUNT/REGION: CI's offline, environment-agnostic synth
         return cdk_app.build_app(app, "all", environ={}).synth()
     for config in ENVIRONMENTS.values():
-        add_environment(app, config, cdk_app.REPO_ROOT)
+        add_environment(app, config, REPO_ROOT)
     return app.synth()
 
 
@@ -80,7 +83,7 @@ def synthesize_all(outdir: Path, fallback_outdir: Path) -> Synth:
 def synthesize_environment(config: EnvironmentConfig, outdir: Path) -> cdk.cx_api.CloudAssembly:
     """One (possibly modified) environment on its own, without cdk-nag."""
     app = cdk.App(outdir=str(outdir), context=CDK_CONTEXT)
-    add_environment(app, config, cdk_app.REPO_ROOT)
+    add_environment(app, config, REPO_ROOT)
     return app.synth()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,10 +10,18 @@ import pytest
 from aws_cdk.assertions import Capture, Match, Template
 
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT, TOTAL_TIMEOUT
-from cdk_constructs.model_build import ARCHIVE_SHA256, ARCHIVE_URI, GGUF_SHA256, model_object_key
-from stacks.config import ModelSource
+from cdk_constructs.model_build import (
+    ARCHIVE_SHA256,
+    ARCHIVE_URI,
+    CALIBRATION_FILE,
+    GGUF_SHA256,
+    model_object_key,
+)
+from stacks.config import REPO_ROOT, ModelSource
 from stacks.environments import ENVIRONMENTS
 from tests.cdk.support import (
+    CALIBRATIONS,
+    VALID_CALIBRATION,
     Synth,
     as_list,
     logical_id,
@@ -216,3 +225,57 @@ def test_model_build_role_reads_an_s3_source_object(tmp_path: Path) -> None:
 
 def test_deploy_time_build_finishes_inside_the_custom_resource_hour() -> None:
     assert MAX_BUILD_TIMEOUT.to_minutes() < TOTAL_TIMEOUT.to_minutes() < 60
+
+
+def test_a_calibrated_model_build_packs_the_file_into_its_own_object(tmp_path: Path) -> None:
+    calibrated = replace(ENVIRONMENTS["dev"].model, calibration=VALID_CALIBRATION)
+    assert calibrated.build_calibration is not None
+    config = replace(ENVIRONMENTS["dev"], model=calibrated)
+    assembly = synthesize_environment(config, tmp_path)
+    stack = assembly.get_stack_by_name("semif-dev-artifact")
+    template = Template.from_json(stack.template)
+    bucket_id = _artifact_bucket(template)
+    key = model_object_key(calibrated.sha256, calibrated.build_calibration)
+    assert key.endswith(f"/calibration-{calibrated.build_calibration.sha256}/model.tar.gz")
+    variables = Capture()
+    template.has_resource_properties(
+        "AWS::CodeBuild::Project",
+        {"Environment": Match.object_like({"EnvironmentVariables": variables})},
+    )
+    by_name = {variable["Name"]: variable["Value"] for variable in variables.as_array()}
+    assert by_name[CALIBRATION_FILE] == VALID_CALIBRATION  # model-build reads it by this path
+    assert by_name["MODEL_DEST_URI"] == {"Fn::Join": ["", ["s3://", {"Ref": bucket_id}, f"/{key}"]]}
+    # The file travels in the build's source asset, beside model_build/ and nothing else.
+    assets = json.loads((tmp_path / "semif-dev-artifact.assets.json").read_text())["files"]
+    (source,) = (
+        tmp_path / asset["source"]["path"]
+        for asset in assets.values()
+        if asset["displayName"] == "ModelBuildSource/Asset"
+    )
+    assert (source / VALID_CALIBRATION).read_bytes() == (REPO_ROOT / VALID_CALIBRATION).read_bytes()
+    assert sorted(p.name for p in source.iterdir()) == ["model_build", "tests"]
+    assert [p.name for p in (source / CALIBRATIONS).iterdir()] == ["valid.json"]
+    # Both endpoints serve (and may read) exactly the calibrated object.
+    decision = Template.from_json(assembly.get_stack_by_name("semif-dev-decision").template)
+    decision.has_resource_properties(
+        "AWS::SageMaker::Model",
+        {
+            "PrimaryContainer": Match.object_like(
+                {"ModelDataUrl": {"Fn::Join": ["", ["s3://", Match.any_value(), f"/{key}"]]}}
+            )
+        },
+    )
+
+
+def test_a_new_calibration_is_a_new_build(tmp_path: Path) -> None:
+    """The build trigger hashes the source asset, which holds the calibration file."""
+
+    def trigger(model: ModelSource, outdir: Path) -> str:
+        assembly = synthesize_environment(replace(ENVIRONMENTS["dev"], model=model), outdir)
+        raw = assembly.get_stack_by_name("semif-dev-artifact").template
+        build = raw["Resources"][logical_id(raw, "Custom::DeployTimeBuild")]
+        return str(build["Properties"]["Trigger"])
+
+    plain = ENVIRONMENTS["dev"].model
+    calibrated = replace(plain, calibration=VALID_CALIBRATION)
+    assert trigger(plain, tmp_path / "plain") != trigger(calibrated, tmp_path / "calibrated")

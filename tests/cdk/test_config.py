@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
 
-from cdk_constructs.endpoint_operations import Autoscaling, ScalingMetric
+from adapter.prompts import PROMPT_VERSION
+from cdk_constructs.endpoint_operations import Autoscaling
 from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
+from model_build.calibration import load_calibration
+from model_build.manifest import calibration_sha256
 from stacks.config import (
+    REPO_ROOT,
     ConfigError,
     DecisionEndpointSettings,
     EnvironmentConfig,
     ModelSource,
     StandardEndpointSettings,
 )
-from stacks.environments import ENVIRONMENTS
+from stacks.environments import ENVIRONMENTS, SMOLLM2_135M
+from tests.cdk.support import CALIBRATIONS, VALID_CALIBRATION
 
-SCALING = Autoscaling(
-    min_capacity=1, max_capacity=2, metric=ScalingMetric.INVOCATIONS, target_value=5
-)
+SCALING = Autoscaling(min_capacity=1, max_capacity=2)
 CPU = CpuPlacement(instance_type="ml.c6i.2xlarge")
 
 
@@ -76,12 +80,6 @@ def test_model_source_rules(kwargs: dict[str, str], field: str) -> None:
                 placement=gpu(), threads=8, gpu_layers=-1, autoscaling=SCALING
             ),
             "decision.threads: 8 on GPU pools",
-        ),
-        (
-            lambda: DecisionEndpointSettings(
-                placement=gpu(), gpu_layers=-1, autoscaling=SCALING, max_in_flight=100
-            ),
-            "decision: SEMIF_MAX_IN_FLIGHT=100 is out of range; allowed 1..64",
         ),
         (
             lambda: DecisionEndpointSettings(
@@ -148,3 +146,113 @@ def test_environment_accepts_a_valid_replacement() -> None:
     config = dataclasses.replace(ENVIRONMENTS["dev"], name="test", account="498765432107")
     assert isinstance(config, EnvironmentConfig)
     assert config.account == "498765432107"
+
+
+def _decision(**overrides: Any) -> DecisionEndpointSettings:
+    return DecisionEndpointSettings(
+        placement=gpu(), gpu_layers=-1, autoscaling=SCALING, **overrides
+    )
+
+
+def test_decision_batching_settings_become_the_adapter_variables() -> None:
+    settings = _decision(
+        max_queue=64,
+        queue_timeout_seconds=5,
+        request_timeout_seconds=30.5,
+        max_batch_requests=8,
+        max_request_tokens=4096,
+    )
+    assert settings.container_environment() == {
+        "SEMIF_N_GPU_LAYERS": "-1",
+        "SEMIF_MAX_TOKENS": "4096",
+        "SEMIF_MAX_QUEUE": "64",
+        "SEMIF_QUEUE_TIMEOUT_S": "5",
+        "SEMIF_REQUEST_TIMEOUT_S": "30.5",
+        "SEMIF_MAX_BATCH_REQUESTS": "8",
+        "SEMIF_MAX_REQUEST_TOKENS": "4096",
+    }
+    assert "SEMIF_MAX_IN_FLIGHT" not in _decision().container_environment()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # The adapter's own ranges (adapter/settings.py), named by their variable.
+        ({"max_queue": 0}, "decision: SEMIF_MAX_QUEUE=0 is out of range; allowed 1..4096"),
+        ({"max_queue": 5000}, "decision: SEMIF_MAX_QUEUE=5000 is out of range"),
+        ({"queue_timeout_seconds": 0.05}, "decision: SEMIF_QUEUE_TIMEOUT_S=0.05 is out of range"),
+        ({"request_timeout_seconds": 0.5}, "decision: SEMIF_REQUEST_TIMEOUT_S=0.5 is out of range"),
+        ({"max_batch_requests": 0}, "decision: SEMIF_MAX_BATCH_REQUESTS=0 is out of range"),
+        ({"max_batch_requests": 257}, "decision: SEMIF_MAX_BATCH_REQUESTS=257 is out of range"),
+        ({"max_request_tokens": 63}, "decision: SEMIF_MAX_REQUEST_TOKENS=63 is out of range"),
+        (
+            {"queue_timeout_seconds": 30, "request_timeout_seconds": 20},
+            "decision: SEMIF_REQUEST_TIMEOUT_S",  # must be >= the queue timeout
+        ),
+        # SageMaker's own limit, stricter than the adapter's 3600 s.
+        (
+            {"request_timeout_seconds": 56},
+            "decision.request_timeout_seconds: 56 is above 55; a real-time endpoint's "
+            "InvokeEndpoint waits 60 s",
+        ),
+    ],
+)
+def test_decision_batching_rules(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        _decision(**overrides)
+
+
+def test_request_deadline_may_use_all_of_the_realtime_window() -> None:
+    assert _decision(request_timeout_seconds=55).request_timeout_seconds == 55
+    assert _decision(queue_timeout_seconds=55, request_timeout_seconds=55)
+
+
+@pytest.mark.parametrize(
+    ("max_batch_requests", "target"), [(1, 1), (2, 2), (4, 3), (10, 8), (32, 24), (256, 192)]
+)
+def test_scaling_target_is_three_quarters_of_a_batch_rounded_up(
+    max_batch_requests: int, target: int
+) -> None:
+    assert _decision(max_batch_requests=max_batch_requests).target_concurrency == target
+
+
+def test_the_calibration_fixture_matches_the_prompts() -> None:
+    """If this fails the prompts changed: refit (regenerate) the fixture, as a deploy must."""
+    fixture = json.loads((REPO_ROOT / VALID_CALIBRATION).read_text())
+    assert fixture["prompt_version"] == PROMPT_VERSION
+
+
+def test_model_source_takes_a_calibration_file_by_repository_path() -> None:
+    source = dataclasses.replace(SMOLLM2_135M, calibration=VALID_CALIBRATION)
+    assert source.build_calibration is not None
+    assert source.build_calibration.path == VALID_CALIBRATION
+    expected = calibration_sha256(load_calibration(REPO_ROOT / VALID_CALIBRATION))
+    assert source.build_calibration.sha256 == expected
+    assert SMOLLM2_135M.build_calibration is None
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        (
+            f"{CALIBRATIONS}/stale.json",
+            # Both versions named, after the file.
+            f"model.calibration: {CALIBRATIONS}/stale.json: .*'semif-direct-options/0'.*"
+            f"'{PROMPT_VERSION}'; refit it with semif-calibrate",
+        ),
+        (
+            f"{CALIBRATIONS}/invalid.json",
+            r"model.calibration: .*invalid\.json: calibration\.temperatures\.choice: must be "
+            "a number in 0.01..100",
+        ),
+        (f"{CALIBRATIONS}/missing.json", f"model.calibration: {CALIBRATIONS}/missing.json is not"),
+        ("pyproject.toml", "model.calibration: 'pyproject.toml' must be a relative .json path"),
+        ("/etc/calibration.json", "model.calibration: '/etc/calibration.json' must be a relative"),
+        ("../outside/calibration.json", "model.calibration: '../outside/calibration.json' must"),
+        ("calibration/*.json", "model.calibration: 'calibration/\\*.json' must be"),
+        ("client/examples/check-decision.json", "model.calibration: .*schema_version"),
+    ],
+)
+def test_a_bad_or_stale_calibration_file_is_refused(path: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        dataclasses.replace(SMOLLM2_135M, calibration=path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,8 +117,12 @@ def test_decision_environment_variables(synth: Synth) -> None:
                 {
                     "Environment": Match.exact(
                         {
-                            "SEMIF_MAX_IN_FLIGHT": str(config.max_in_flight),
                             "SEMIF_MAX_TOKENS": str(config.max_tokens),
+                            "SEMIF_MAX_QUEUE": str(config.max_queue),
+                            "SEMIF_QUEUE_TIMEOUT_S": str(config.queue_timeout_seconds),
+                            "SEMIF_REQUEST_TIMEOUT_S": str(config.request_timeout_seconds),
+                            "SEMIF_MAX_BATCH_REQUESTS": str(config.max_batch_requests),
+                            "SEMIF_MAX_REQUEST_TOKENS": str(config.max_request_tokens),
                             "SEMIF_N_GPU_LAYERS": "0",
                             "SEMIF_THREADS": str(config.threads),
                         }
@@ -288,15 +293,13 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
     )
 
 
-@pytest.mark.parametrize(
-    ("env", "metric"),
-    [
-        ("dev", "SageMakerVariantInvocationsPerInstance"),
-        ("prod", "SageMakerVariantConcurrentRequestsPerModelHighResolution"),
-    ],
-)
-def test_decision_autoscaling(synth: Synth, env: str, metric: str) -> None:
-    scaling = ENVIRONMENTS[env].decision.autoscaling
+@pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
+def test_decision_autoscaling_tracks_concurrency_below_one_batch(synth: Synth, env: str) -> None:
+    settings = ENVIRONMENTS[env].decision
+    scaling = settings.autoscaling
+    # Three quarters of one batch per instance, rounded up (32 requests a batch: 24).
+    target = math.ceil(0.75 * settings.max_batch_requests)
+    assert settings.target_concurrency == target
     template = synth.template(env, "decision")
     template.resource_count_is("AWS::ApplicationAutoScaling::ScalableTarget", 1)
     template.has_resource_properties(
@@ -314,8 +317,12 @@ def test_decision_autoscaling(synth: Synth, env: str, metric: str) -> None:
         {
             "TargetTrackingScalingPolicyConfiguration": Match.object_like(
                 {
-                    "PredefinedMetricSpecification": {"PredefinedMetricType": metric},
-                    "TargetValue": scaling.target_value,
+                    "PredefinedMetricSpecification": {
+                        "PredefinedMetricType": (
+                            "SageMakerVariantConcurrentRequestsPerModelHighResolution"
+                        )
+                    },
+                    "TargetValue": target,
                 }
             )
         },

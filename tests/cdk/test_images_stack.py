@@ -13,12 +13,12 @@ from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Capture, Match
 
-import app as cdk_app
 from cdk_constructs.build_project import QUEUED_TIMEOUT, RepoSource
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT, TOTAL_TIMEOUT
 from cdk_constructs.dlc_mirror import CRANE_VERSION, MIRROR_BUILD_TIMEOUT, mirror_tag
 from cdk_constructs.image_build import SOURCE_PATHS, ImageBuildProject, ImageFlavor, image_tag
 from cdk_constructs.validation import PropsError
+from stacks.config import REPO_ROOT
 from stacks.deployment import mirror_repository_name
 from stacks.environments import ENVIRONMENTS
 from tests.cdk.support import Synth, as_list, resources, statements
@@ -198,7 +198,7 @@ def test_image_build_refuses_a_mutable_base_image() -> None:
             base_image="public.ecr.aws/deep-learning-containers/llama-cpp:latest",
             base_pull_uri="unused",
             base_repository=repository,
-            source=RepoSource(stack, "Source", root=cdk_app.REPO_ROOT, include=SOURCE_PATHS),
+            source=RepoSource(stack, "Source", root=REPO_ROOT, include=SOURCE_PATHS),
             repository=repository,
             encryption_key=kms.Key(stack, "Key"),
             removal_policy=cdk.RemovalPolicy.DESTROY,

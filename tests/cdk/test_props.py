@@ -8,8 +8,9 @@ import aws_cdk as cdk
 import pytest
 
 from cdk_constructs.artifact_bucket import ArtifactBucket
-from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling, ScalingMetric
+from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
 from cdk_constructs.model_artifact import ModelArtifact
+from cdk_constructs.model_build import ModelCalibration, model_object_key
 from cdk_constructs.sagemaker_endpoint import (
     CpuPlacement,
     GpuPlacement,
@@ -80,24 +81,11 @@ def test_gpu_pool_bounds_are_inclusive() -> None:
     ("factory", "message"),
     [
         (lambda: CpuPlacement(instance_type="c6i.2xlarge"), "cpu.instance_type"),
-        (
-            lambda: Autoscaling(
-                min_capacity=3, max_capacity=2, metric=ScalingMetric.INVOCATIONS, target_value=1
-            ),
-            "min_capacity",
-        ),
-        (
-            lambda: Autoscaling(
-                min_capacity=0, max_capacity=2, metric=ScalingMetric.INVOCATIONS, target_value=1
-            ),
-            "min_capacity",
-        ),
-        (
-            lambda: Autoscaling(
-                min_capacity=1, max_capacity=2, metric=ScalingMetric.CONCURRENCY, target_value=0
-            ),
-            "target_value",
-        ),
+        (lambda: Autoscaling(min_capacity=3, max_capacity=2), "min_capacity"),
+        (lambda: Autoscaling(min_capacity=0, max_capacity=2), "min_capacity"),
+        (lambda: ModelCalibration(path="/abs.json", sha256="a" * 64), "calibration.path"),
+        (lambda: ModelCalibration(path="../up.json", sha256="a" * 64), "calibration.path"),
+        (lambda: ModelCalibration(path="c.json", sha256="A" * 64), "calibration.sha256"),
         (lambda: AlarmThresholds(five_xx_rate_percent=0), "five_xx_rate_percent"),
         (lambda: AlarmThresholds(p95_model_latency_ms=0), "p95_model_latency_ms"),
         (lambda: AlarmThresholds(max_disk_utilization_percent=120), "max_disk_utilization"),
@@ -140,3 +128,14 @@ def test_model_artifact_data_url_names_its_bucket_and_key() -> None:
     assert stack.resolve(model.model_data_url) == {
         "Fn::Join": ["", ["s3://", {"Ref": "ArtifactsBucket88671897"}, "/models/x/model.tar.gz"]]
     }
+
+
+def test_a_calibration_gets_its_own_model_object() -> None:
+    """A refit must reach the endpoints: a new object key is a new ModelDataUrl, so a new
+    SageMaker model and a blue/green update, never an object changed under a running one."""
+    gguf = "b" * 64
+    calibrated = ModelCalibration(path="calibration/prod.json", sha256="c" * 64)
+    assert model_object_key(gguf) == f"models/{gguf}/model.tar.gz"
+    assert model_object_key(gguf, calibrated) == (
+        f"models/{gguf}/calibration-{'c' * 64}/model.tar.gz"
+    )

@@ -18,6 +18,7 @@ import pytest
 from adapter.app import create_app
 from adapter.settings import Settings
 from client.cli import main
+from tests.client.scripted import aws_error, busy, scripted_server
 from tests.support.live_server import live_server
 from tests.support.serving import REPO
 
@@ -189,3 +190,31 @@ def test_check_sends_what_the_deploy_check_sends() -> None:
 
     for probe in Probe:
         assert check_body(probe.value) == deploy_check_body(probe)
+
+
+def test_busy_retries_follow_the_options_and_botocore_adds_none(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--max-attempts 1 is one request: the CLI's boto3 client does not retry on its own
+    (a default boto3 client sends a throttled call three times)."""
+    with scripted_server(aws_error(400, "ThrottlingException", "Rate exceeded")) as server:
+        sagemaker = ["--endpoint-name", "semif", "--region", "us-east-1"]
+        argv = ["decide", "-", *sagemaker, "--endpoint-url", server.url, "--max-attempts", "1"]
+        code, out, err = run(capsys, *argv, stdin='{"decision": {}}')
+    assert (code, out, len(server.paths)) == (1, "", 1)
+    assert re.fullmatch(
+        r"semif: HTTP 400: gave up after 1 attempt over \d+\.\d s \(the attempt limit is 1\); "
+        r"last answer: ThrottlingException: Rate exceeded\n",
+        err,
+    )
+
+
+def test_the_retry_budget_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with scripted_server(busy(retry_after="1")) as server:
+        argv = ["decide", "-", "--url", server.url, "--max-retry-s", "0"]
+        code, _, err = run(capsys, *argv, stdin='{"decision": {}}')
+    assert (code, len(server.paths)) == (1, 1)
+    assert err.endswith("(the 0 s retry budget is spent); last answer: queue full\n")
+    with pytest.raises(SystemExit):
+        main(["decide", "-", "--url", "http://x", "--max-retry-s", "-1"])
+    assert "-1 is not a number of seconds >= 0" in capsys.readouterr().err

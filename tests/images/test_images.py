@@ -204,7 +204,7 @@ GOOD_SHARED = {
         {"id": "smoke-queue", "probabilities": [0.6, 0.4]},
         {"id": "smoke-urgent", "probabilities": [0.1, 0.9]},
     ],
-    "timing": {"prefix_tokens": 40},
+    "timing": {"input_tokens": 70, "reused_tokens": 0, "evaluated_tokens": 40, "passes": 1},
 }
 
 

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
 import yaml  # type: ignore[import-untyped]
 
+from model_build.calibration import load_calibration
+from model_build.manifest import MANIFEST_NAME, parse_manifest
 from tests.support.locks import locked_versions
 from tests.support.model_build import tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
+# A calibration file in the repository (the CDK tests' fixture), named as the CDK app names one.
+VALID_CALIBRATION = "tests/cdk/calibration/valid.json"
 BUILDSPEC: dict[str, Any] = yaml.safe_load((REPO / "model_build" / "buildspec.yml").read_text())
 
 
@@ -42,6 +48,8 @@ def test_build_phase_runs_model_build_and_exports_the_result(tmp_path: Path) -> 
         "MODEL_SHA256": model.sha256,
         "MODEL_DEST_URI": str(dest),
         "MODEL_BUILD_WORK_DIR": str(tmp_path / "work"),
+        # As the CDK app sets it: the file's path in the source, which is the repository's.
+        "MODEL_CALIBRATION_FILE": VALID_CALIBRATION,
     }
     env.pop("MODEL_KMS_KEY_ID", None)
     done = subprocess.run(
@@ -60,6 +68,11 @@ def test_build_phase_runs_model_build_and_exports_the_result(tmp_path: Path) -> 
     assert values["MODEL_GGUF_SHA256"] == model.sha256
     assert len(values["MODEL_ARCHIVE_SHA256"]) == 64
     assert "model-build: packed" in done.stderr  # progress reaches the log too
+    with tarfile.open(dest) as tar:
+        manifest = tar.extractfile(MANIFEST_NAME)
+        assert manifest is not None
+        packed = parse_manifest(json.load(manifest)).calibration
+    assert packed == load_calibration(REPO / VALID_CALIBRATION)
 
 
 def test_build_phase_fails_on_a_refused_source(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import re
 import shutil
 import signal
@@ -13,6 +14,7 @@ import tarfile
 import time
 import tracemalloc
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from model_build.archive import _HashingWriter
 from model_build.embedded import SMOLLM2
 from model_build.manifest import MANIFEST_NAME, load_manifest
 from model_build.sources import PRODUCTION_MODEL
+from tests.model_build.support import CALIBRATION, write_calibration
 from tests.support.model_build import (
     REVISION,
     CliRun,
@@ -42,7 +45,7 @@ _ENV = (
     "MODEL_KMS_KEY_ID",
     "MODEL_BUILD_HF_BASE_URL",
     "MODEL_BUILD_WORK_DIR",
-    "MODEL_CALIBRATION_TEMPERATURE",
+    "MODEL_CALIBRATION_FILE",
     "MODEL_BUILD_RETRIES",
     "MODEL_BUILD_RETRY_WAIT",
     "MODEL_BUILD_PART_SIZE_MB",
@@ -156,12 +159,82 @@ def test_flags_default_from_environment_variables(
     monkeypatch.setenv("MODEL_SOURCE_URI", str(model.path))
     monkeypatch.setenv("MODEL_SHA256", model.sha256.upper())
     monkeypatch.setenv("MODEL_DEST_URI", str(dest))
-    monkeypatch.setenv("MODEL_CALIBRATION_TEMPERATURE", "0.8")
+    calibration = write_calibration(tmp_path / "calibration.json")
+    monkeypatch.setenv("MODEL_CALIBRATION_FILE", str(calibration))
     run = run_cli(capsys)
     assert run.code == 0, run.err
     manifest = load_manifest(_unpack(dest, tmp_path / "m") / MANIFEST_NAME)
-    assert manifest.calibration is not None
-    assert manifest.calibration.temperature == 0.8
+    assert manifest.calibration == CALIBRATION
+    assert f"calibration {calibration}: prompt version semif-direct-options/1" in run.err
+
+
+def test_calibration_is_recorded_and_keys_the_build(
+    model: TinyModel,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    args = ["--source", str(model.path), "--sha256", model.sha256]
+    plain = run_cli(capsys, *args, "--dest", str(tmp_path / "a" / "model.tar.gz"))
+    path = write_calibration(tmp_path / "calibration.json")
+    calibrated_dest = tmp_path / "b" / "model.tar.gz"
+    calibrated = run_cli(capsys, *args, "--calibration", str(path), "--dest", str(calibrated_dest))
+    assert calibrated.code == 0, calibrated.err
+    assert calibrated.result["build_key"] != plain.result["build_key"]
+    model_dir = _unpack(calibrated_dest, tmp_path / "opt-ml-model")
+    assert load_manifest(model_dir / MANIFEST_NAME).calibration == CALIBRATION
+    # The adapter reads the same section and reports which fit it applies.
+    files = resolve_model_files(model_dir, None)
+    assert files.calibration == CALIBRATION
+    assert files.identity["calibration"]["tasks_sha256"] == CALIBRATION.tasks_sha256
+    # Reformatting the file is not a new build; a refit is.
+    path.write_text(json.dumps(CALIBRATION.to_document()))
+    same = run_cli(
+        capsys, *args, "--calibration", str(path), "--dest", str(tmp_path / "c" / "model.tar.gz")
+    )
+    assert same.result["build_key"] == calibrated.result["build_key"]
+    write_calibration(path, replace(CALIBRATION, temperatures={"choice": 2.0}))
+    refit = run_cli(
+        capsys, *args, "--calibration", str(path), "--dest", str(tmp_path / "d" / "model.tar.gz")
+    )
+    assert refit.result["build_key"] != calibrated.result["build_key"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read calibration"),
+        ("{not json", "cannot read calibration"),
+        ('{"temperature": 1.2}', "calibration.schema_version: None is not supported"),
+        (
+            json.dumps({**CALIBRATION.to_document(), "temperatures": {"choice": -1}}),
+            "calibration.temperatures.choice: must be a number in 0.01..100",
+        ),
+    ],
+)
+def test_a_bad_calibration_file_is_one_line_before_any_download(
+    content: str | None,
+    message: str,
+    model: TinyModel,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "calibration.json"
+    if content is not None:
+        path.write_text(content)
+    dest = tmp_path / "out" / "model.tar.gz"
+    run = run_cli(
+        capsys,
+        *("--source", str(model.path), "--sha256", model.sha256, "--dest", str(dest)),
+        *("--calibration", str(path)),
+    )
+    assert run.code == 1
+    assert run.out == ""
+    assert run.error.startswith(f"model-build: {path}: "), run.error
+    assert message in run.error
+    assert "fetching" not in run.err
+    assert not dest.parent.exists()
 
 
 def test_hf_source_end_to_end_with_a_cut_connection(

@@ -9,16 +9,18 @@ from typing import Any
 
 import pytest
 
+from model_build.calibration import parse_calibration
 from model_build.manifest import (
     BuildInfo,
-    Calibration,
     GgufInfo,
     Manifest,
     ManifestError,
     SourceInfo,
+    calibration_sha256,
     load_manifest,
     parse_manifest,
 )
+from tests.model_build.support import CALIBRATION
 
 MANIFEST = Manifest(
     source=SourceInfo(
@@ -46,10 +48,19 @@ def _document(manifest: Manifest = MANIFEST) -> dict[str, Any]:
 
 def test_round_trip_without_and_with_calibration() -> None:
     assert parse_manifest(_document()) == MANIFEST
-    calibrated = Manifest(MANIFEST.source, MANIFEST.gguf, MANIFEST.build, Calibration(0.7))
+    calibrated = Manifest(MANIFEST.source, MANIFEST.gguf, MANIFEST.build, CALIBRATION)
     assert parse_manifest(_document(calibrated)) == calibrated
     assert "calibration" not in _document()
-    assert _document(calibrated)["calibration"] == {"temperature": 0.7}
+    # The section is the calibration file itself, schema version and all.
+    assert _document(calibrated)["calibration"] == CALIBRATION.to_document()
+    assert parse_calibration(_document(calibrated)["calibration"]) == CALIBRATION
+
+
+def test_calibration_digest_follows_the_content_not_the_formatting() -> None:
+    reformatted = parse_calibration(json.loads(json.dumps(CALIBRATION.to_document())))
+    assert calibration_sha256(reformatted) == calibration_sha256(CALIBRATION)
+    refit = parse_calibration({**CALIBRATION.to_document(), "temperatures": {"choice": 1.6}})
+    assert calibration_sha256(refit) != calibration_sha256(CALIBRATION)
 
 
 def test_text_is_canonical() -> None:
@@ -59,14 +70,24 @@ def test_text_is_canonical() -> None:
     assert json.loads(text)["schema_version"] == 1
 
 
-def test_unknown_keys_are_ignored_and_integer_temperature_accepted() -> None:
+def test_unknown_keys_are_ignored() -> None:
     document = _document()
     document["future_field"] = {"anything": True}
     document["gguf"]["extra"] = 1
-    document["calibration"] = {"temperature": 2}
     parsed = parse_manifest(document)
-    assert parsed.calibration == Calibration(2.0)
     assert parsed.gguf == MANIFEST.gguf
+    assert parsed.calibration is None
+
+
+def test_the_old_single_temperature_form_is_refused_by_name() -> None:
+    document = _document()
+    document["calibration"] = {"temperature": 1.2}
+    with pytest.raises(
+        ManifestError,
+        match=r"^calibration: the single 'temperature' form is not read any more; rebuild with "
+        "model-build --calibration FILE",
+    ):
+        parse_manifest(document)
 
 
 def _set(path: str, value: object) -> dict[str, Any]:
@@ -93,8 +114,27 @@ def _set(path: str, value: object) -> dict[str, Any]:
         ("source.revision", "main", "source.revision: expected a 40-hex commit or null"),
         ("source.uri", "", "source.uri: must not be empty"),
         ("build", "x", "build: expected an object"),
-        ("calibration", {"temperature": 0}, "calibration.temperature: must be a positive"),
-        ("calibration", {"temperature": "1"}, "calibration.temperature: expected float, got str"),
+        ("calibration", "x", "calibration: expected an object"),
+        (
+            "calibration",
+            {**CALIBRATION.to_document(), "schema_version": 2},
+            "calibration.schema_version: 2 is not supported",
+        ),
+        (
+            "calibration",
+            {**CALIBRATION.to_document(), "option_order": "sorted"},
+            "calibration.option_order: 'sorted' is not one of",
+        ),
+        (
+            "calibration",
+            {**CALIBRATION.to_document(), "temperatures": {"choice": 0}},
+            "calibration.temperatures.choice: must be a number in 0.01..100",
+        ),
+        (
+            "calibration",
+            {**CALIBRATION.to_document(), "tasks_sha256": "x"},
+            "calibration.tasks_sha256: expected 64 lowercase hex",
+        ),
     ],
 )
 def test_invalid_fields_are_named(path: str, value: object, message: str) -> None:

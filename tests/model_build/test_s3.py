@@ -20,6 +20,7 @@ from moto.core import set_initial_no_auth_action_count
 from model_build.errors import BuildError
 from model_build.manifest import MANIFEST_NAME, parse_manifest
 from model_build.publish import S3Destination, upload
+from tests.model_build.support import write_calibration
 from tests.support.model_build import CliRun, TinyModel, run_cli, tiny_model
 
 BUCKET = "artifacts"
@@ -105,7 +106,7 @@ def test_multipart_upload_stores_the_archive_and_its_hashes(
 
 
 def test_rerun_with_the_same_inputs_skips_the_upload(
-    s3: Any, big_model: TinyModel, capsys: pytest.CaptureFixture[str]
+    s3: Any, big_model: TinyModel, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     first = _build(capsys, big_model)
     second = _build(capsys, big_model)
@@ -114,7 +115,8 @@ def test_rerun_with_the_same_inputs_skips_the_upload(
     assert "upload skipped" in second.err
     assert "fetching" not in second.err  # nothing downloaded or packed either
     assert len(_versions(s3)) == 1
-    changed = _build(capsys, big_model, "--calibration-temperature", "0.5")
+    calibration = write_calibration(tmp_path / "calibration.json")
+    changed = _build(capsys, big_model, "--calibration", str(calibration))
     assert changed.result["skipped"] is False
     assert changed.result["build_key"] != first.result["build_key"]
     assert len(_versions(s3)) == 2

@@ -14,6 +14,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapter.runtime import Runtime
+from adapter.scheduler import Scheduler
 
 
 @contextmanager
@@ -45,8 +46,9 @@ def live_server(app: ASGIApp, timeout_s: float = 60.0) -> Iterator[str]:
 
 
 class BusyFirst:
-    """Wraps the app so the next `busy` POSTs find every admission slot taken: the real
-    server then answers its own retryable 503 (or, on the SageMaker path, a ModelError)."""
+    """Wraps the app so the next `busy` POSTs find the scheduler's queue full: the real
+    admission check (the scheduler's own, with the queue counted as SEMIF_MAX_QUEUE deep)
+    then answers its retryable 503 (or, on the SageMaker path, a ModelError)."""
 
     def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
         self.app = app
@@ -54,13 +56,29 @@ class BusyFirst:
         self.busy = 0
         self.posts = 0
         self.url = ""
+        self._full = False
+        self._hooked: Scheduler | None = None
+
+    def _hook(self) -> None:
+        """Route the scheduler's admission check through `_full` (once, after the load)."""
+        service = self.runtime.service
+        if service is None or self._hooked is service.scheduler:
+            return
+        scheduler = service.scheduler
+        real_admit = scheduler._admit
+
+        def admit(waiting: int) -> None:
+            real_admit(scheduler.max_queue if self._full else waiting)
+
+        scheduler._admit = admit  # type: ignore[method-assign]
+        self._hooked = scheduler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
+            self._hook()
             self.posts += 1
-            full = self.busy > 0
+            self._full = self.busy > 0
             self.busy = max(0, self.busy - 1)
-            self.runtime.in_flight = self.runtime.settings.max_in_flight if full else 0
         await self.app(scope, receive, send)
 
 

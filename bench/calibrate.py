@@ -1,0 +1,434 @@
+"""`semif-calibrate`: fit the calibration a model is served with, from labelled decisions.
+
+Scores JevBench-format tasks (the file semif-bench-tasks reads) on a running server, a
+SageMaker endpoint or a local `serve`, then:
+- estimates the position prior for each option count (PriDe): every nominal decision scored
+  in each cyclic rotation of its canonical order; the prior is the softmax of the mean
+  position log-probability over the rotations, averaged over decisions (no labels used);
+- fits one softmax temperature per question kind, minimising NLL over a bounded range
+  (golden-section search on log T), for the option order the file is written for;
+- reports, on k held-out folds (prior and temperatures fitted on the other folds), accuracy,
+  NLL, Brier and top-label ECE (10 bins) before and after, for every option order, how much
+  of debiased's gain the prior recovers in canonical mode at one prompt per decision, and a
+  reliability diagram PNG.
+The calibration file (format: model_build.calibration) is fitted on all tasks; give it to
+`model-build --calibration FILE`.
+
+Every distribution is computed with the adapter's own code (adapter.ordering,
+adapter.calibration) from the letter scores of the exact prompts the adapter renders, so
+what is fitted here is what the adapter serves. The scores come from one shared request per
+task, read `as_given`, whose decisions are the task in every order needed (they share the
+state prefix); `option_logits` are raw, so a calibration already in force changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from adapter.calibration import correction
+from adapter.ordering import Order, arrange, canonical_order, distribution, plan, rotations
+from adapter.readout import log_softmax, softmax
+from bench.metrics import ECE_BINS, Answer, accuracy, brier_score, top_label_ece
+from bench.runner import Invoker, target_client
+from bench.tasks import Task, load_tasks, shared_body
+from model_build.calibration import (
+    OPTION_ORDERS,
+    QUESTION_KINDS,
+    Calibration,
+    OptionOrder,
+    QuestionKind,
+)
+
+SCHEMA = "semif-calibrate/1"
+TEMPERATURE_BOUNDS = (0.05, 20.0)
+SEARCH_STEPS = 80  # golden-section steps: the bracket shrinks by 0.618 each, far below 1e-6
+DEFAULT_FOLDS = 5
+LOG_FLOOR = 1e-300  # log(0) guard for probabilities that underflowed
+Vector = npt.NDArray[np.float64]
+
+
+class CalibrateError(RuntimeError):
+    """The tasks or the server's answers cannot give a calibration; the message says why."""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One task's position log-probabilities in every order the modes and the prior need."""
+
+    task: Task
+    rows: Mapping[Order, Vector]
+
+    @property
+    def kind(self) -> QuestionKind:
+        return self.task.question_type
+
+    @property
+    def label(self) -> int:
+        return self.task.labels.index(self.task.expected)
+
+    def probabilities(self, mode: OptionOrder, calibration: Calibration | None) -> Vector:
+        """What the adapter serves for this task in `mode` under `calibration`."""
+        options = self.task.decision.options
+        orders = plan(options, mode, ordinal=self.kind == "score")
+        fix = correction(calibration, self.kind, mode, len(options))
+        return distribution(orders, [self.rows[order] for order in orders], fix)
+
+    def answer(self, mode: OptionOrder, calibration: Calibration | None) -> Answer:
+        values = self.probabilities(mode, calibration)
+        return Answer(dict(zip(self.task.labels, (float(v) for v in values), strict=True)))
+
+
+def needed_orders(task: Task) -> list[Order]:
+    """The caller's order, and for a nominal task every rotation of its canonical order
+    (debiased uses all of them up to 8 options, evenly spaced ones above; the prior needs
+    the full cycle)."""
+    options = task.decision.options
+    orders = [tuple(range(len(options)))]
+    if task.question_type != "score":
+        orders += [o for o in rotations(canonical_order(options), limit=None) if o != orders[0]]
+    return orders
+
+
+def score_task(client: Invoker, task: Task) -> tuple[Scored, set[str]]:
+    """Score one task in every needed order in one shared request; returns the rows and the
+    prompt versions the server reported."""
+    orders = needed_orders(task)
+    decisions = [
+        replace(arrange(task.decision, order), id=f"{task.id}#{index}")
+        for index, order in enumerate(orders)
+    ]
+    response = client.invoke({**shared_body(decisions), "option_order": "as_given"})
+    results = response.get("results") if isinstance(response, Mapping) else None
+    if not isinstance(results, list) or len(results) != len(orders):
+        raise CalibrateError(f"task {task.id}: the server did not answer every order")
+    rows: dict[Order, Vector] = {}
+    for order, result in zip(orders, results, strict=True):
+        rows[order] = log_softmax(np.asarray(result["option_logits"], np.float64))
+    return Scored(task, rows), {str(result.get("prompt_version")) for result in results}
+
+
+def estimate_prior(scored: Sequence[Scored]) -> dict[int, tuple[float, ...]]:
+    """PriDe's prior over answer positions for each option count, from nominal tasks."""
+    priors: dict[int, list[Vector]] = {}
+    for item in scored:
+        if item.kind == "score":
+            continue  # ordinal positions are levels, not a bias
+        cycle = rotations(canonical_order(item.task.decision.options), limit=None)
+        mean_log = np.mean([item.rows[order] for order in cycle], axis=0)
+        priors.setdefault(len(cycle), []).append(softmax(mean_log))
+    return {count: tuple(float(v) for v in np.mean(rows, axis=0)) for count, rows in priors.items()}
+
+
+def nll_at(log_probs: Sequence[Vector], labels: Sequence[int], temperature: float) -> float:
+    """Mean negative log-likelihood of the labels after softmax(log p / temperature)."""
+    total = 0.0
+    for row, label in zip(log_probs, labels, strict=True):
+        total -= float(log_softmax(row / temperature)[label])
+    return total / len(labels)
+
+
+def fit_temperature(log_probs: Sequence[Vector], labels: Sequence[int]) -> float:
+    """The temperature minimising NLL within TEMPERATURE_BOUNDS. NLL is convex in 1/T, so
+    it is unimodal in log T and a golden-section search finds its minimum."""
+    low, high = (math.log(bound) for bound in TEMPERATURE_BOUNDS)
+    ratio = (math.sqrt(5) - 1) / 2
+
+    def cost(log_t: float) -> float:
+        return nll_at(log_probs, labels, math.exp(log_t))
+
+    left, right = high - ratio * (high - low), low + ratio * (high - low)
+    cost_left, cost_right = cost(left), cost(right)
+    for _ in range(SEARCH_STEPS):
+        if cost_left <= cost_right:
+            high, right, cost_right = right, left, cost_left
+            left = high - ratio * (high - low)
+            cost_left = cost(left)
+        else:
+            low, left, cost_left = left, right, cost_right
+            right = low + ratio * (high - low)
+            cost_right = cost(right)
+    return round(math.exp((low + high) / 2), 6)
+
+
+def _log(values: Vector) -> Vector:
+    result: Vector = np.log(np.maximum(values, LOG_FLOOR))
+    return result
+
+
+def fit(
+    scored: Sequence[Scored], mode: OptionOrder, *, prompt_version: str, tasks_sha256: str
+) -> Calibration:
+    """The prior (from these tasks, labels unused) and one temperature per kind present,
+    fitted on the distributions `mode` serves with that prior."""
+    base = Calibration(
+        prompt_version=prompt_version,
+        option_order=mode,
+        temperatures={},
+        tasks_sha256=tasks_sha256,
+        position_prior=estimate_prior(scored),
+    )
+    temperatures: dict[QuestionKind, float] = {}
+    counts: dict[QuestionKind, int] = {}
+    for kind in QUESTION_KINDS:
+        group = [item for item in scored if item.kind == kind]
+        counts[kind] = len(group)
+        if group:
+            rows = [_log(item.probabilities(mode, base)) for item in group]
+            temperatures[kind] = fit_temperature(rows, [item.label for item in group])
+    return replace(base, temperatures=temperatures, counts=counts)
+
+
+def nll(answers: Sequence[Answer], expected: Sequence[str]) -> float:
+    """Mean negative log-likelihood of the expected labels."""
+    return -math.fsum(
+        math.log(max(answer.probabilities[label], LOG_FLOOR))
+        for answer, label in zip(answers, expected, strict=True)
+    ) / len(expected)
+
+
+def quality(answers: Sequence[Answer], expected: Sequence[str]) -> dict[str, float]:
+    return {
+        "accuracy": accuracy(answers, expected),
+        "nll": nll(answers, expected),
+        "brier": brier_score(answers, expected),
+        "ece": top_label_ece(answers, expected),
+    }
+
+
+def folds_of(count: int, folds: int, seed: int) -> list[list[int]]:
+    """Task indexes split into `folds` held-out sets by a seeded shuffle."""
+    order = np.random.default_rng(seed).permutation(count)
+    return [sorted(int(i) for i in order[fold::folds]) for fold in range(folds)]
+
+
+def cross_validate(
+    scored: Sequence[Scored], folds: int, seed: int, *, prompt_version: str
+) -> dict[OptionOrder, dict[str, list[Answer]]]:
+    """Held-out answers per mode: uncalibrated, prior only (canonical), calibrated; the
+    prior and temperatures of each fold come from the other folds."""
+    held: dict[OptionOrder, dict[str, list[Answer]]] = {
+        mode: {"uncalibrated": [], "prior": [], "calibrated": []} for mode in OPTION_ORDERS
+    }
+    for test in folds_of(len(scored), folds, seed):
+        held_back = set(test)
+        train = [item for index, item in enumerate(scored) if index not in held_back]
+        for mode in OPTION_ORDERS:
+            fitted = fit(train, mode, prompt_version=prompt_version, tasks_sha256="0" * 64)
+            prior_only = replace(fitted, temperatures={})
+            for index in test:
+                item = scored[index]
+                held[mode]["uncalibrated"].append(item.answer(mode, None))
+                held[mode]["prior"].append(item.answer(mode, prior_only))
+                held[mode]["calibrated"].append(item.answer(mode, fitted))
+    return held
+
+
+def held_out_order(scored: Sequence[Scored], folds: int, seed: int) -> list[Scored]:
+    """The tasks in the order cross_validate visits them (fold by fold)."""
+    return [scored[index] for test in folds_of(len(scored), folds, seed) for index in test]
+
+
+def _share(gained: float, possible: float) -> float | None:
+    return gained / possible if possible else None
+
+
+def summarize(
+    held: Mapping[OptionOrder, Mapping[str, Sequence[Answer]]], expected: Sequence[str]
+) -> dict[str, Any]:
+    """Metrics per mode and stage, and the share of debiased's gain over canonical that the
+    prior alone recovers (1.0: all of it at canonical's cost; None: debiased gained nothing)."""
+    metrics = {
+        mode: {stage: quality(answers, expected) for stage, answers in stages.items()}
+        for mode, stages in held.items()
+    }
+    canonical, debiased = metrics["canonical"], metrics["debiased"]
+    recovers = {
+        name: _share(
+            canonical["prior"][name] - canonical["uncalibrated"][name],
+            debiased["uncalibrated"][name] - canonical["uncalibrated"][name],
+        )
+        for name in ("accuracy", "nll", "brier")
+    }
+    return {"held_out": metrics, "prior_recovers": recovers}
+
+
+def reliability(answers: Sequence[Answer], expected: Sequence[str]) -> list[dict[str, float]]:
+    """Top-label reliability per occupied confidence bin (the ECE's bins)."""
+    bins: dict[int, list[tuple[float, bool]]] = {}
+    for answer, label in zip(answers, expected, strict=True):
+        top, confidence = answer.top
+        bins.setdefault(min(int(confidence * ECE_BINS), ECE_BINS - 1), []).append(
+            (confidence, top == label)
+        )
+    return [
+        {
+            "bin": index,
+            "count": len(rows),
+            "confidence": sum(c for c, _ in rows) / len(rows),
+            "accuracy": sum(ok for _, ok in rows) / len(rows),
+        }
+        for index, rows in sorted(bins.items())
+    ]
+
+
+def write_reliability(
+    curves: Mapping[str, Sequence[Mapping[str, float]]], path: Path, title: str
+) -> Path:
+    """A reliability diagram (accuracy against confidence per bin) as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(5.5, 5))
+    axes.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect")
+    for label, points in curves.items():
+        axes.plot(
+            [p["confidence"] for p in points],
+            [p["accuracy"] for p in points],
+            marker="o",
+            label=label,
+        )
+    axes.set_xlim(0, 1)
+    axes.set_ylim(0, 1)
+    axes.set_xlabel("top-label confidence")
+    axes.set_ylabel("accuracy")
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+    return path
+
+
+def score_all(client: Invoker, tasks: Sequence[Task]) -> tuple[list[Scored], str]:
+    """Every task scored; refuses answers from more than one prompt version."""
+    scored, versions = [], set()
+    for task in tasks:
+        item, seen = score_task(client, task)
+        scored.append(item)
+        versions |= seen
+    if len(versions) != 1:
+        raise CalibrateError(
+            f"the server reported prompt versions {sorted(versions)}; expected one"
+        )
+    return scored, versions.pop()
+
+
+def calibrate(
+    scored: Sequence[Scored],
+    *,
+    mode: OptionOrder,
+    folds: int,
+    seed: int,
+    prompt_version: str,
+    tasks_sha256: str,
+) -> tuple[Calibration, dict[str, Any]]:
+    """The calibration for `mode` fitted on every task, and the held-out report."""
+    if folds < 2 or len(scored) < folds:
+        raise CalibrateError(f"{len(scored)} tasks cannot be split into {folds} folds (>= 2)")
+    held = cross_validate(scored, folds, seed, prompt_version=prompt_version)
+    expected = [item.task.expected for item in held_out_order(scored, folds, seed)]
+    report = summarize(held, expected)
+    report["reliability"] = {
+        stage: reliability(held[mode][stage], expected) for stage in ("uncalibrated", "calibrated")
+    }
+    final = fit(scored, mode, prompt_version=prompt_version, tasks_sha256=tasks_sha256)
+    metrics = {
+        "folds": folds,
+        "seed": seed,
+        "held_out": report["held_out"][mode],
+        "prior_recovers": report["prior_recovers"],
+    }
+    return replace(final, metrics=metrics), report
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    header = f"{'mode':<10}{'stage':<14}{'acc':>7}{'nll':>8}{'brier':>8}{'ece':>7}"
+    lines = [header, "-" * len(header)]
+    for mode, stages in report["held_out"].items():
+        for stage, row in stages.items():
+            if stage == "prior" and mode != "canonical":
+                continue  # the prior is divided out in canonical mode only
+            lines.append(
+                f"{mode:<10}{stage:<14}{row['accuracy']:>7.3f}{row['nll']:>8.3f}"
+                f"{row['brier']:>8.3f}{row['ece']:>7.3f}"
+            )
+    shares = ", ".join(
+        f"{name} {'-' if share is None else f'{share:.0%}'}"
+        for name, share in report["prior_recovers"].items()
+    )
+    lines.append(f"canonical + prior recovers of debiased's gain: {shares}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="semif-calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("tasks", type=Path, help="JevBench JSONL file of labelled decisions")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="base URL of a running server, e.g. http://127.0.0.1:8080")
+    target.add_argument("--endpoint-name", dest="endpoint", help="SageMaker endpoint name")
+    target.add_argument("--local", action="store_true", help="start `serve` on the embedded model")
+    parser.add_argument("--region", help="AWS region of --endpoint-name")
+    parser.add_argument(
+        "--option-order",
+        choices=OPTION_ORDERS,
+        default="canonical",
+        help="the order the temperatures are fitted for (the server's SEMIF_OPTION_ORDER)",
+    )
+    parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="held-out folds")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fold split")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    parser.add_argument("--out", type=Path, default=Path(".cache/calibrate"), help="output folder")
+    parser.add_argument("--gguf", type=Path, help="with --local: serve this GGUF instead")
+    parser.add_argument("--threads", type=int, default=2, help="with --local: llama.cpp threads")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    tasks = load_tasks(args.tasks)
+    with target_client(args) as (target, client):
+        scored, prompt_version = score_all(client, tasks)
+    try:
+        fitted, report = calibrate(
+            scored,
+            mode=args.option_order,
+            folds=args.folds,
+            seed=args.seed,
+            prompt_version=prompt_version,
+            tasks_sha256=hashlib.sha256(args.tasks.read_bytes()).hexdigest(),
+        )
+    except CalibrateError as error:
+        sys.exit(f"semif-calibrate: {error}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    calibration_path = args.out / "calibration.json"
+    calibration_path.write_text(fitted.to_json(), encoding="utf-8")
+    report_path = args.out / "calibrate-report.json"
+    document = {"schema": SCHEMA, "target": target, "tasks_file": str(args.tasks), **report}
+    report_path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", "utf-8")
+    png = write_reliability(
+        report["reliability"],
+        args.out / "reliability.png",
+        f"{args.option_order}, {len(tasks)} tasks, {args.folds}-fold held out",
+    )
+    print(f"{target}: {len(tasks)} tasks from {args.tasks}, {args.folds}-fold held out")
+    print(format_report(report))
+    print(f"temperatures ({args.option_order}): {fitted.temperatures}")
+    print(f"calibration: {calibration_path}\nreport: {report_path}\nreliability: {png}")
+
+
+if __name__ == "__main__":
+    main()

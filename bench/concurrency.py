@@ -1,0 +1,473 @@
+"""Closed-loop concurrency: throughput and latency with N clients, against the engine's limit,
+the same server with batching off, and llama.cpp's own server.
+
+Each of N clients holds one connection and sends its next request as soon as the previous
+answer returns (a closed loop: the offered load follows the server's speed, as it does for
+an application with N workers). Every level sends a fixed list of decisions, each about its
+own ~150-token account state, so a server's prefix cache only ever helps with the template
+prefix every prompt shares; the mix sends every 4th decision about one hot account instead.
+Throughput is successful answers over the wall time from the first send to the last answer.
+A non-200 answer is counted, not retried: a client that has to retry is a failure of the
+queue, and the point of the error figure is that there are none.
+
+The limit scores the same prompts in-process on the server's own engine settings, as many
+per engine call as there are clients (no more can be waiting); it runs before any server
+starts, so nothing shares the cores.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from adapter.prompts import answer_labels
+from adapter.runtime import load_service
+from adapter.schema import Decision
+from adapter.settings import Settings
+from bench.local import ServerProcess, serve_llama_server, serve_model
+from bench.metrics import latency_summary
+from bench.peer_server import PeerBinary
+from bench.tasks import single_body
+from bench.workload import concurrent_decisions
+
+T = TypeVar("T")
+STATE_EVENTS = 4  # ~150 SmolLM2 tokens of account history; prompts are ~250 tokens
+SHARED_EVERY = 4  # in the mix, 1 request in 4 is about the hot account
+PEER_TOP_TOKENS = 20
+CLIENT_TIMEOUT_S = 600.0
+WORKLOADS = ("distinct", "mix")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much the concurrency phase sends: `levels` client counts, each sending
+    max(min_requests, requests_per_client * clients) decisions; the limit and batching-off
+    comparisons at `compare_level`, llama-server at `peer_levels`."""
+
+    levels: tuple[int, ...]
+    compare_level: int
+    peer_levels: tuple[int, ...]
+    requests_per_client: int
+    min_requests: int
+    limit_repeats: int
+
+    def __post_init__(self) -> None:
+        if self.compare_level not in self.levels or not set(self.peer_levels) <= set(self.levels):
+            raise ValueError("the compare and peer levels must be among the levels")
+        if self.limit_repeats < 1:
+            raise ValueError("the limit needs at least one timed call")
+
+    def requests(self, clients: int) -> int:
+        return max(self.min_requests, self.requests_per_client * clients)
+
+    def decisions(self, workload: str, clients: int) -> list[Decision]:
+        """The same decisions for every server at one level; each (workload, level) gets its
+        own series of states, so no level finds a state an earlier one left in a cache."""
+        series = 1 + 2 * self.levels.index(clients) + WORKLOADS.index(workload)
+        shared_every = SHARED_EVERY if workload == "mix" else None
+        return concurrent_decisions(
+            self.requests(clients), series=series, events=STATE_EVENTS, shared_every=shared_every
+        )
+
+
+WARM_UP = concurrent_decisions(1, series=0, events=STATE_EVENTS)[0]
+
+
+# -- the closed loop ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one request got back; status 0 means no HTTP answer (connection error, timeout).
+    The optional fields are read with defaults, so older servers still report."""
+
+    status: int
+    queue_seconds: float | None = None
+    batch_requests: int | None = None
+    covers_options: bool | None = None  # peer: every option letter among its top tokens
+    same_prompt: bool | None = None  # peer: it evaluated exactly the tokens sent
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    started: float  # time.perf_counter() at send
+    seconds: float
+    reply: Reply
+
+
+Send = Callable[[httpx.Client, T], Reply]
+
+
+def closed_loop(
+    base_url: str,
+    items: Sequence[T],
+    clients: int,
+    send: Send[T],
+    *,
+    timeout_s: float = CLIENT_TIMEOUT_S,
+    transport: httpx.BaseTransport | None = None,
+) -> list[Sample]:
+    """Send every item once from `clients` threads, each with its own single connection,
+    each taking the next unsent item as soon as its previous answer is in. Samples come
+    back in item order."""
+    pending = iter(range(len(items)))
+    lock = threading.Lock()
+    samples: list[Sample | None] = [None] * len(items)
+
+    def client() -> None:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        with httpx.Client(
+            base_url=base_url, timeout=timeout_s, limits=limits, transport=transport
+        ) as http:
+            while True:
+                with lock:
+                    index = next(pending, None)
+                if index is None:
+                    return
+                started = time.perf_counter()
+                try:
+                    reply = send(http, items[index])
+                except httpx.HTTPError as error:
+                    reply = Reply(0, error=f"{type(error).__name__}: {error}")
+                samples[index] = Sample(started, time.perf_counter() - started, reply)
+
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        for running in [pool.submit(client) for _ in range(clients)]:
+            running.result()  # a bug in `send` surfaces here, not as a missing sample
+    return [sample for sample in samples if sample is not None]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _failure(response: httpx.Response) -> Reply:
+    return Reply(response.status_code, error=response.text[:300])
+
+
+def send_decision(http: httpx.Client, decision: Decision) -> Reply:
+    """One decision to our /invocations; the batch facts come from its `timing`."""
+    response = http.post("/invocations", json=single_body(decision))
+    if response.status_code != 200:
+        return _failure(response)
+    timing = response.json().get("timing") or {}
+    batch = _number(timing.get("batch_requests"))
+    return Reply(
+        200,
+        queue_seconds=_number(timing.get("queue_seconds")),
+        batch_requests=None if batch is None else int(batch),
+    )
+
+
+@dataclass(frozen=True)
+class PeerPrompt:
+    """Our exact prompt tokens for one decision, and the first token of each option label."""
+
+    tokens: list[int]
+    label_tokens: frozenset[int]
+
+
+def send_completion(http: httpx.Client, prompt: PeerPrompt) -> Reply:
+    """One token from llama-server's /completion with the top token probabilities before
+    sampling (a softmax of the logits): how a user of that server gets option scores."""
+    body = {
+        "prompt": prompt.tokens,  # token ids: the server adds no BOS to these
+        "n_predict": 1,
+        "n_probs": PEER_TOP_TOKENS,
+        "temperature": 0.0,
+        "cache_prompt": True,
+        "response_fields": ["completion_probabilities", "tokens_evaluated"],
+    }
+    response = http.post("/completion", json=body)
+    if response.status_code != 200:
+        return _failure(response)
+    return read_completion(response.json(), prompt)
+
+
+def read_completion(answer: dict[str, Any], prompt: PeerPrompt) -> Reply:
+    top = {entry["id"] for entry in answer["completion_probabilities"][0]["top_logprobs"]}
+    return Reply(
+        200,
+        covers_options=prompt.label_tokens <= top,
+        same_prompt=answer.get("tokens_evaluated") == len(prompt.tokens),
+    )
+
+
+# -- summaries ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level's figures: throughput, latency of answered requests, errors, queueing."""
+
+    clients: int
+    requests: int
+    ok: int
+    non_200: int
+    non_200_statuses: dict[str, int]
+    first_error: str | None
+    wall_seconds: float
+    decisions_per_second: float
+    latency_seconds: dict[str, float]
+    queue_seconds: dict[str, float] | None
+    batch_requests_mean: float | None
+    batch_requests_max: int | None
+    share_with_all_options_in_top_tokens: float | None
+    same_prompt_tokens: bool | None
+    samples: list[dict[str, Any]] = field(repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize_level(clients: int, samples: Sequence[Sample]) -> Level:
+    if not samples:
+        raise ValueError("a level needs at least one sample")
+    ok = [sample for sample in samples if sample.reply.status == 200]
+    wall = max(s.started + s.seconds for s in samples) - min(s.started for s in samples)
+    queue = [s.reply.queue_seconds for s in ok if s.reply.queue_seconds is not None]
+    batch = [s.reply.batch_requests for s in ok if s.reply.batch_requests is not None]
+    covers = [s.reply.covers_options for s in ok if s.reply.covers_options is not None]
+    same = [s.reply.same_prompt for s in ok if s.reply.same_prompt is not None]
+    return Level(
+        clients=clients,
+        requests=len(samples),
+        ok=len(ok),
+        non_200=len(samples) - len(ok),
+        non_200_statuses=dict(
+            Counter(str(s.reply.status) for s in samples if s.reply.status != 200)
+        ),
+        first_error=next((s.reply.error for s in samples if s.reply.error), None),
+        wall_seconds=wall,
+        decisions_per_second=len(ok) / wall if wall > 0 else math.nan,
+        latency_seconds=latency_summary([sample.seconds for sample in ok]),
+        queue_seconds=latency_summary(queue) if queue else None,
+        batch_requests_mean=statistics.fmean(batch) if batch else None,
+        batch_requests_max=max(batch) if batch else None,
+        share_with_all_options_in_top_tokens=sum(covers) / len(covers) if covers else None,
+        same_prompt_tokens=all(same) if same else None,
+        samples=[
+            {"seconds": s.seconds, "status": s.reply.status, "queue_seconds": s.reply.queue_seconds}
+            for s in samples
+        ],
+    )
+
+
+# -- the phase ----------------------------------------------------------------------------
+
+
+@dataclass
+class ConcurrencyRun:
+    """Everything the concurrency phase measured; levels keyed by client count."""
+
+    plan: Plan
+    limit_seconds: list[float] = field(default_factory=list)
+    limit_prompts: int = 0
+    limit_calls: int = 0
+    limit_timings: list[dict[str, Any]] = field(default_factory=list)  # the last repeat's
+    prompt_tokens: list[int] = field(default_factory=list)
+    ours: dict[str, dict[int, Level]] = field(default_factory=dict)
+    serial: Level | None = None
+    peer: dict[int, Level] = field(default_factory=dict)
+    peer_build: dict[str, object] | None = None
+    peer_skipped: str | None = None
+
+    @property
+    def limit_throughput(self) -> float:
+        return self.limit_prompts / statistics.median(self.limit_seconds)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "plan": asdict(self.plan),
+            "limit": {
+                "prompts": self.limit_prompts,
+                "engine_calls": self.limit_calls,
+                "seconds": self.limit_seconds,
+                "decisions_per_second": self.limit_throughput,
+                "engine_timings": self.limit_timings,
+            },
+            "prompt_tokens": self.prompt_tokens,
+            "ours": {
+                workload: [level.as_json() for level in levels.values()]
+                for workload, levels in self.ours.items()
+            },
+            "serial": self.serial.as_json() if self.serial else None,
+            "peer": [level.as_json() for level in self.peer.values()],
+            "peer_build": self.peer_build,
+            "peer_skipped": self.peer_skipped,
+        }
+
+
+def measure_limit(
+    settings: Settings, plan: Plan, run: ConcurrencyRun
+) -> tuple[PeerPrompt, dict[int, list[PeerPrompt]]]:
+    """The in-process limit at the compare level; returns the warm-up's and every peer
+    level's prompt tokens (the peer is sent our exact tokens, so both engines evaluate the
+    same sequences).
+
+    N closed-loop clients never have more than N requests waiting, so the limit scores the
+    level's prompts N at a time, one engine call each, in order, on the server's engine
+    settings: the best any server could do with those clients."""
+    service = load_service(settings)
+    engine = service.engine
+    try:
+
+        def prompt(decision: Decision) -> PeerPrompt:
+            (_, tokens), *_ = service.render([decision], "single")
+            labels = service.labels.token_ids(answer_labels(len(decision.options)))
+            return PeerPrompt(tokens, frozenset(label[0] for label in labels))
+
+        limit = [prompt(d).tokens for d in plan.decisions("distinct", plan.compare_level)]
+        peer = {n: [prompt(d) for d in plan.decisions("distinct", n)] for n in plan.peer_levels}
+        warm_up = prompt(WARM_UP)
+        engine.score([warm_up.tokens])  # untimed: first decodes allocate and page in
+        calls = [
+            limit[i : i + plan.compare_level] for i in range(0, len(limit), plan.compare_level)
+        ]
+        for _ in range(plan.limit_repeats):
+            engine.reset()
+            started = time.perf_counter()
+            timings = [engine.score(call)[1] for call in calls]
+            run.limit_seconds.append(time.perf_counter() - started)
+    finally:
+        engine.close()
+    run.limit_prompts = len(limit)
+    run.limit_calls = len(calls)
+    run.prompt_tokens = [len(tokens) for tokens in limit]
+    run.limit_timings = [asdict(timing) for timing in timings]
+    return warm_up, peer
+
+
+def _sweep(
+    server: ServerProcess, plan: Plan, workload: str, levels: Sequence[int]
+) -> dict[int, Level]:
+    return {
+        clients: summarize_level(
+            clients,
+            closed_loop(server.base_url, plan.decisions(workload, clients), clients, send_decision),
+        )
+        for clients in levels
+    }
+
+
+def _warm_up(server: ServerProcess, send: Send[T], item: T) -> None:
+    """One untimed request about a state no level uses: a new process's first decodes
+    page weights in and allocate buffers, which no steady-state request pays."""
+    closed_loop(server.base_url, [item], 1, send)
+
+
+def measure_concurrency(
+    gguf: Path,
+    plan: Plan,
+    *,
+    log_dir: Path,
+    threads: int,
+    n_gpu_layers: int,
+    peer: PeerBinary | None,
+    peer_skipped: str | None = None,
+) -> ConcurrencyRun:
+    """The limit in-process, then our server (batching on, every level, both workloads),
+    our server with batching off, and llama-server at each peer level: one at a time."""
+    run = ConcurrencyRun(plan=plan, peer_skipped=peer_skipped)
+    settings = Settings(gguf_path=gguf, threads=threads, n_gpu_layers=n_gpu_layers)
+    peer_warm_up, peer_prompts = measure_limit(settings, plan, run)
+    options: dict[str, Any] = {"log_dir": log_dir, "threads": threads, "n_gpu_layers": n_gpu_layers}
+    with serve_model(gguf, **options) as server:
+        _warm_up(server, send_decision, WARM_UP)
+        run.ours = {workload: _sweep(server, plan, workload, plan.levels) for workload in WORKLOADS}
+    with serve_model(gguf, max_batch_requests=1, **options) as server:
+        _warm_up(server, send_decision, WARM_UP)
+        run.serial = _sweep(server, plan, "distinct", [plan.compare_level])[plan.compare_level]
+    if peer is not None:
+        run.peer_build = peer.info
+        for clients, prompts in peer_prompts.items():
+            longest = max(len(prompt.tokens) for prompt in prompts)
+            slot = 256 * math.ceil((longest + 2) / 256)  # the prompt and the one token out
+            with serve_llama_server(
+                peer.path, gguf, parallel=clients, slot_context=slot, **options
+            ) as server:
+                _warm_up(server, send_completion, peer_warm_up)
+                run.peer[clients] = summarize_level(
+                    clients, closed_loop(server.base_url, prompts, clients, send_completion)
+                )
+    return run
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def format_levels(run: ConcurrencyRun) -> str:
+    """One line per server, workload and level: throughput, latency, errors, queueing."""
+    header = (
+        f"{'server':<22}{'clients':>8}{'requests':>9}{'non-200':>8}{'dec/s':>8}"
+        f"{'p50 s':>8}{'p95 s':>8}{'queue p50':>10}{'queue p95':>10}{'batch':>7}"
+    )
+    rows: list[tuple[str, Level]] = [
+        (f"ours, {workload}", level)
+        for workload, levels in run.ours.items()
+        for level in levels.values()
+    ]
+    if run.serial:
+        rows.append(("ours, batching off", run.serial))
+    rows += [("llama-server", level) for level in run.peer.values()]
+    lines = [header, "-" * len(header)]
+    for name, level in rows:
+        queue = level.queue_seconds or {}
+        batch = level.batch_requests_mean
+        lines.append(
+            f"{name:<22}{level.clients:>8}{level.requests:>9}{level.non_200:>8}"
+            f"{level.decisions_per_second:>8.2f}{level.latency_seconds['p50']:>8.2f}"
+            f"{level.latency_seconds['p95']:>8.2f}{queue.get('p50', math.nan):>10.2f}"
+            f"{queue.get('p95', math.nan):>10.2f}"
+            + (f"{batch:>7.1f}" if batch is not None else f"{'-':>7}")
+        )
+    return "\n".join(lines)
+
+
+def write_plot(run: ConcurrencyRun, path: Path) -> Path:
+    """Throughput and p95 latency against client count (log scale), every server on both."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    from matplotlib import pyplot
+
+    figure, (throughput, tail) = pyplot.subplots(1, 2, figsize=(11, 4.5))
+    series: dict[str, dict[int, Level]] = {f"ours, {w}": levels for w, levels in run.ours.items()}
+    if run.serial:
+        series["ours, batching off"] = {run.serial.clients: run.serial}
+    if run.peer:
+        series["llama-server"] = run.peer
+    for label, levels in series.items():
+        clients = list(levels)
+        throughput.plot(
+            clients, [lv.decisions_per_second for lv in levels.values()], "o-", label=label
+        )
+        tail.plot(clients, [lv.latency_seconds["p95"] for lv in levels.values()], "o-", label=label)
+    limit = f"limit: engine calls of {run.plan.compare_level} prompts"
+    throughput.axhline(run.limit_throughput, linestyle="--", color="grey", label=limit)
+    throughput.set_ylabel("decisions/s")
+    tail.set_ylabel("p95 latency (s)")
+    for axes in (throughput, tail):
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(list(run.plan.levels), [str(n) for n in run.plan.levels])
+        axes.set_xlabel("concurrent clients (closed loop)")
+        axes.legend(fontsize="small")
+    figure.suptitle("single decisions on ~150-token states")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+    return path

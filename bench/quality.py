@@ -1,0 +1,271 @@
+"""Decision quality, measured: order invariance per option-order mode, what the position prior
+recovers, and what debiased costs.
+
+`run_quality(client, tasks)` (the `semif-bench-quality` command, or any caller holding an
+Invoker for a running server, e.g. bench/report.py's local server) measures three things:
+- invariance: every task sent in its original order, reversed and shuffled (seeded), in each
+  mode; argmax flips and mean total-variation distance against the original order, and
+  accuracy and Brier pooled over the three orderings. With exact scoring (the server's
+  default, docs/adapter.md) equal prompts give bit-identical numbers whatever the cache
+  held, so canonical and debiased must show exactly zero;
+- prior: semif-calibrate's held-out comparison (bench.calibrate): canonical with the
+  cross-fitted position prior divided out against canonical and debiased;
+- cost: as_given against debiased for 3, 5 and 8 options on states of about 150 and 1,000
+  tokens, each state new to the server so its prefill is counted: evaluated tokens and the
+  client's seconds per request (serial, so no queueing), medians over repeats.
+Plumbing numbers, not accuracy claims: the smoke tasks are few and easy to overfit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adapter.schema import Decision, Option
+from bench.calibrate import DEFAULT_FOLDS, calibrate, score_all
+from bench.local import serve_model
+from bench.metrics import Answer, accuracy, brier_score
+from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, read_answer
+from bench.tasks import SMOKE_TASKS, Task, load_tasks, single_body
+from model_build.calibration import OPTION_ORDERS, OptionOrder
+from model_build.embedded import fetch_embedded_model
+
+SCHEMA = "semif-bench-quality/1"
+ORDERINGS = ("original", "reversed", "shuffled")
+COST_OPTION_COUNTS = (3, 5, 8)
+COST_STATE_TOKENS = (150, 1000)
+COST_REPEATS = 3
+# One filler sentence of a support ticket; about 16 tokens with SmolLM2's tokenizer.
+FILLER = "The customer wrote again about order 4411, the late parcel and the refund promised. "
+FILLER_TOKENS = 16
+
+
+def reorder(decision: Decision, ordering: str, rng: np.random.Generator) -> Decision:
+    """The decision with its options in another order (ids and texts unchanged)."""
+    options = decision.options
+    if ordering == "reversed":
+        return replace(decision, options=options[::-1])
+    if ordering == "shuffled":
+        return replace(decision, options=tuple(options[i] for i in rng.permutation(len(options))))
+    return decision
+
+
+def total_variation(first: Answer, second: Answer) -> float:
+    return 0.5 * sum(abs(p - second.probabilities[k]) for k, p in first.probabilities.items())
+
+
+def measure_invariance(
+    client: Invoker, tasks: Sequence[Task], seed: int
+) -> dict[OptionOrder, dict[str, Any]]:
+    """Per mode: flips and mean TV of each reordering against the original order, and the
+    accuracy and Brier over all orderings."""
+    rng = np.random.default_rng(seed)
+    orders = {task.id: {o: reorder(task.decision, o, rng) for o in ORDERINGS} for task in tasks}
+    report: dict[OptionOrder, dict[str, Any]] = {}
+    for mode in OPTION_ORDERS:
+        answers: dict[str, list[Answer | None]] = {ordering: [] for ordering in ORDERINGS}
+        for task in tasks:
+            for ordering, decision in orders[task.id].items():
+                body = {**single_body(decision), "option_order": mode}
+                answers[ordering].append(read_answer(task, client.invoke(body)).answer)
+        report[mode] = _invariance(answers, [task.expected for task in tasks])
+    return report
+
+
+def _invariance(
+    answers: Mapping[str, Sequence[Answer | None]], expected: Sequence[str]
+) -> dict[str, Any]:
+    original = answers["original"]
+    flips, tv = {}, {}
+    for ordering in ORDERINGS[1:]:
+        pairs = [(a, b) for a, b in zip(original, answers[ordering], strict=True) if a and b]
+        flips[ordering] = sum(a.top[0] != b.top[0] for a, b in pairs)
+        tv[ordering] = statistics.fmean(total_variation(a, b) for a, b in pairs)
+    pooled = [answer for ordering in ORDERINGS for answer in answers[ordering]]
+    labels = list(expected) * len(ORDERINGS)
+    return {
+        "tasks": len(expected),
+        "argmax_flips": flips,
+        "mean_tv": tv,
+        "accuracy": accuracy(pooled, labels),
+        "brier": brier_score(pooled, labels),
+    }
+
+
+def cost_decision(state_tokens: int, options: int, tag: str) -> Decision:
+    """A synthetic decision of about `state_tokens` state tokens; `tag` leads the state so
+    no earlier request shares its prefix beyond the system turn."""
+    state = f"Case {tag}. " + FILLER * max(1, state_tokens // FILLER_TOKENS)
+    return Decision(
+        id=f"cost-{tag}",
+        state=state,
+        question="Which team should take this case next?",
+        options=tuple(
+            Option(f"team{i}", f"Team {i}: handles cases of kind {i}.") for i in range(options)
+        ),
+    )
+
+
+def measure_cost(
+    client: Invoker,
+    repeats: int = COST_REPEATS,
+    state_sizes: Sequence[int] = COST_STATE_TOKENS,
+) -> list[dict[str, Any]]:
+    """as_given against debiased per state size and option count (medians over repeats)."""
+    rows = []
+    for state_tokens in state_sizes:
+        for count in COST_OPTION_COUNTS:
+            row: dict[str, Any] = {"state_tokens": state_tokens, "options": count}
+            for mode in ("as_given", "debiased"):
+                evaluated, seconds, inputs = [], [], []
+                for repeat in range(repeats):
+                    decision = cost_decision(state_tokens, count, f"{mode}-{count}-{repeat}")
+                    body = {**single_body(decision), "option_order": mode}
+                    started = time.perf_counter()
+                    response = client.invoke(body)
+                    seconds.append(time.perf_counter() - started)
+                    result = response["result"]
+                    # The request's count: rows its prompts share are evaluated once.
+                    evaluated.append(response["timing"]["evaluated_tokens"])
+                    inputs.append(result["input_tokens"])
+                row[mode] = {
+                    "prompts": result["timing"]["prompts"],
+                    "input_tokens": statistics.median(inputs),
+                    "evaluated_tokens": statistics.median(evaluated),
+                    "seconds": statistics.median(seconds),
+                }
+            row["token_ratio"] = (
+                row["debiased"]["evaluated_tokens"] / row["as_given"]["evaluated_tokens"]
+            )
+            row["time_ratio"] = row["debiased"]["seconds"] / row["as_given"]["seconds"]
+            rows.append(row)
+    return rows
+
+
+def run_quality(
+    client: Invoker,
+    tasks: Sequence[Task],
+    *,
+    seed: int = 0,
+    folds: int = DEFAULT_FOLDS,
+    cost_repeats: int = COST_REPEATS,
+    cost_states: Sequence[int] = COST_STATE_TOKENS,
+) -> dict[str, Any]:
+    """Every figure of this module as one JSON-ready dict (see the module docstring)."""
+    scored, prompt_version = score_all(client, tasks)
+    _, prior = calibrate(
+        scored,
+        mode="canonical",
+        folds=folds,
+        seed=seed,
+        prompt_version=prompt_version,
+        tasks_sha256="0" * 64,
+    )
+    report = {
+        "schema": SCHEMA,
+        "tasks": len(tasks),
+        "prompt_version": prompt_version,
+        "invariance": measure_invariance(client, tasks, seed),
+        "prior": {"held_out": prior["held_out"], "prior_recovers": prior["prior_recovers"]},
+        "cost": measure_cost(client, cost_repeats, cost_states),
+    }
+    finite_report: dict[str, Any] = finite(report)
+    return finite_report
+
+
+def format_quality(report: Mapping[str, Any]) -> str:
+    """The three tables as text."""
+    lines = [
+        f"{'mode':<10}{'flips rev':>10}{'flips shuf':>11}{'TV rev':>8}{'TV shuf':>8}"
+        f"{'acc':>7}{'brier':>7}"
+    ]
+    for mode, row in report["invariance"].items():
+        flips, tv = row["argmax_flips"], row["mean_tv"]
+        lines.append(
+            f"{mode:<10}{flips['reversed']:>10}{flips['shuffled']:>11}{tv['reversed']:>8.3f}"
+            f"{tv['shuffled']:>8.3f}{row['accuracy']:>7.3f}{row['brier']:>7.3f}"
+        )
+    held = report["prior"]["held_out"]
+    lines.append("")
+    lines.append(f"{'held out':<22}{'acc':>7}{'nll':>8}{'brier':>8}")
+    for name, row in (
+        ("as_given", held["as_given"]["uncalibrated"]),
+        ("canonical", held["canonical"]["uncalibrated"]),
+        ("canonical + prior", held["canonical"]["prior"]),
+        ("debiased", held["debiased"]["uncalibrated"]),
+    ):
+        lines.append(f"{name:<22}{row['accuracy']:>7.3f}{row['nll']:>8.3f}{row['brier']:>8.3f}")
+    shares = report["prior"]["prior_recovers"]
+    lines.append(
+        "prior recovers of debiased's gain: "
+        + ", ".join(f"{k} {'-' if v is None else f'{v:.0%}'}" for k, v in shares.items())
+    )
+    lines.append("")
+    lines.append(
+        f"{'state':>6}{'opts':>5}{'prompts':>8}{'eval as_given':>14}{'eval debiased':>14}"
+        f"{'tokens x':>9}{'s as_given':>11}{'s debiased':>11}{'time x':>8}"
+    )
+    for row in report["cost"]:
+        given, debiased = row["as_given"], row["debiased"]
+        lines.append(
+            f"{row['state_tokens']:>6}{row['options']:>5}{debiased['prompts']:>8}"
+            f"{given['evaluated_tokens']:>14.0f}{debiased['evaluated_tokens']:>14.0f}"
+            f"{row['token_ratio']:>9.2f}{given['seconds']:>11.4f}"
+            f"{debiased['seconds']:>11.4f}{row['time_ratio']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="semif-bench-quality", description=__doc__.splitlines()[0]
+    )
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="base URL of a running server")
+    target.add_argument("--local", action="store_true", help="start `serve` on the embedded model")
+    parser.add_argument("--tasks", type=Path, default=SMOKE_TASKS, help="JevBench JSONL file")
+    parser.add_argument("--gguf", type=Path, help="with --local: serve this GGUF instead")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS)
+    parser.add_argument("--repeats", type=int, default=COST_REPEATS, help="cost repeats")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    parser.add_argument("--out", type=Path, default=Path(".cache/bench"), help="output folder")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    tasks = load_tasks(args.tasks)
+
+    def run(url: str) -> dict[str, Any]:
+        client = open_client(url=url, endpoint=None, region=None, timeout_s=args.timeout)
+        return run_quality(
+            client, tasks, seed=args.seed, folds=args.folds, cost_repeats=args.repeats
+        )
+
+    if args.local:
+        gguf = args.gguf or fetch_embedded_model(DEFAULT_MODEL_CACHE)
+        with serve_model(gguf, log_dir=args.out, threads=args.threads) as server:
+            report = run(server.base_url)
+    else:
+        report = run(args.url)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "bench-quality.json"
+    path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    print(f"{len(tasks)} tasks from {args.tasks}")
+    print(format_quality(report))
+    print(f"JSON: {path}")
+
+
+if __name__ == "__main__":
+    main()

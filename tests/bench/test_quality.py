@@ -1,0 +1,65 @@
+"""The order-invariance benchmark: its counting by hand, and a run against a real tiny
+`serve`, where canonical and debiased must not move at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapter.app import create_app
+from adapter.settings import Settings
+from bench.metrics import Answer
+from bench.quality import ORDERINGS, _invariance, format_quality, reorder, run_quality
+from bench.runner import open_client
+from bench.tasks import load_tasks
+from tests.support.live_server import live_server
+
+
+def test_flips_and_tv_count_against_the_original_order() -> None:
+    a = Answer({"x": 0.7, "y": 0.3})
+    b = Answer({"x": 0.4, "y": 0.6})
+    answers = {"original": [a, a], "reversed": [a, b], "shuffled": [b, b]}
+    row = _invariance(answers, ["x", "y"])
+    assert row["argmax_flips"] == {"reversed": 1, "shuffled": 2}
+    assert row["mean_tv"]["reversed"] == pytest.approx(0.15)
+    assert row["mean_tv"]["shuffled"] == pytest.approx(0.3)
+    assert row["accuracy"] == pytest.approx(4 / 6)  # pooled over the three orderings
+
+
+def test_reorderings_keep_every_option() -> None:
+    decision = load_tasks()[0].decision
+    rng = np.random.default_rng(1)
+    for ordering in ORDERINGS:
+        moved = reorder(decision, ordering, rng)
+        assert sorted(moved.options, key=lambda o: o.id) == sorted(
+            decision.options, key=lambda o: o.id
+        )
+    assert reorder(decision, "reversed", rng).options == decision.options[::-1]
+
+
+def test_a_run_shows_canonical_and_debiased_invariant(tiny_model_dir: Path) -> None:
+    tasks = [t for t in load_tasks() if t.question_type != "score"][:8:2] + load_tasks()[-2:]
+    settings = Settings(model_dir=tiny_model_dir, max_tokens=2048, threads=2)
+    with live_server(create_app(settings)) as url:
+        client = open_client(url=url, endpoint=None, region=None, timeout_s=60)
+        report = run_quality(client, tasks, folds=2, cost_repeats=1, cost_states=(30,))
+    invariance = report["invariance"]
+    for mode in ("canonical", "debiased"):
+        assert invariance[mode]["argmax_flips"] == {"reversed": 0, "shuffled": 0}
+        assert max(invariance[mode]["mean_tv"].values()) < 1e-6, mode
+    assert invariance["as_given"]["mean_tv"]["reversed"] > 1e-3
+    assert [(row["state_tokens"], row["options"]) for row in report["cost"]] == [
+        (30, 3),
+        (30, 5),
+        (30, 8),
+    ]
+    for row in report["cost"]:
+        given, debiased = row["as_given"], row["debiased"]
+        assert debiased["prompts"] == row["options"]
+        # The state and system turn are evaluated once, not once per rotation.
+        assert 1 < row["token_ratio"] < row["options"]
+        assert debiased["evaluated_tokens"] < row["options"] * given["evaluated_tokens"]
+    assert set(report["prior"]["prior_recovers"]) == {"accuracy", "nll", "brier"}
+    assert "canonical + prior" in format_quality(report)
