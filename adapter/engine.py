@@ -490,8 +490,8 @@ class LlamaEngine:
             except OverflowError as error:
                 raise CapacityError(str(error)) from None
             outputs = self._run_pass(plan)
-        except (NativeFailureError, CapacityError, CancelledWorkError):
-            self.reset()
+        except BaseException:
+            self.reset()  # whatever failed, the arena no longer matches the plan
             raise
         self.cache.commit(plan, unique)
         by_prompt = {}

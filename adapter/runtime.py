@@ -6,8 +6,8 @@ keep request-text markers), answer-label probe, one scored probe decision (finit
 plausible letter mass). Each failure is one readable line; /ping answers 503 while loading
 and after a failure so SageMaker never routes traffic to a model that is not usable.
 Admission (is the model ready and healthy, is the server stopping) is decided here and
-nowhere else; the scheduler bounds the queue behind it. At shutdown admission stops at once and in-flight work is cancelled after
-the grace period (`begin_shutdown`).
+nowhere else; the scheduler bounds the queue behind it. At shutdown admission stops at once
+and in-flight work is cancelled after the grace period (`begin_shutdown`).
 """
 
 from __future__ import annotations

@@ -249,8 +249,7 @@ class Scheduler:
         if now > job.deadline:
             job.future.set_exception(
                 UnavailableError(
-                    "the request's deadline passed before it was scored "
-                    "(SEMIF_REQUEST_TIMEOUT_S)",
+                    "the request's deadline passed before it was scored (SEMIF_REQUEST_TIMEOUT_S)",
                     retryable=True,
                 )
             )
@@ -268,14 +267,8 @@ class Scheduler:
                 job.started = started
         try:
             scores, timing = self.engine.score(prompts, continuations)
-        except (NativeFailureError, CapacityError, CancelledWorkError) as error:
-            if isinstance(error, NativeFailureError):
-                self._on_native_failure(error)
-            failure: Exception = (
-                error
-                if isinstance(error, NativeFailureError)
-                else UnavailableError(str(error), retryable=True)
-            )
+        except Exception as error:  # the worker outlives any one pass
+            failure = self._failure(error)
             with self._condition:
                 for job, _, _ in batch:
                     self._queue.remove(job)
@@ -305,6 +298,18 @@ class Scheduler:
         for job in finished:
             job.future.set_result((job.scores, self._timing(job)))
 
+    def _failure(self, error: Exception) -> Exception:
+        """What the callers of a failed pass or generation get: a retryable 503 when the
+        work did not fit or was cancelled at shutdown; the error itself otherwise (a 500,
+        and after a native failure the instance reports unhealthy)."""
+        if isinstance(error, NativeFailureError):
+            self._on_native_failure(error)
+        if isinstance(error, CapacityError | CancelledWorkError):
+            return UnavailableError(str(error), retryable=True)
+        if not isinstance(error, NativeFailureError):
+            LOG.exception("scoring pass failed")
+        return error
+
     @staticmethod
     def _timing(job: _Job) -> JobTiming:
         started = job.started if job.started is not None else job.enqueued
@@ -330,8 +335,8 @@ class Scheduler:
                 sampling=job.sampling,
                 stop=job.stop,
             )
-        except CapacityError as error:
-            job.future.set_exception(UnavailableError(str(error), retryable=True))
+        except Exception as error:  # the worker outlives any one request
+            job.future.set_exception(self._failure(error))
             return None
         return job, run
 
@@ -350,16 +355,12 @@ class Scheduler:
             if not run.step():
                 return job, run
             result = run.result()
-        except (NativeFailureError, CapacityError, CancelledWorkError) as error:
-            if isinstance(error, NativeFailureError):
-                self._on_native_failure(error)
-                job.future.set_exception(error)
-            else:
-                job.future.set_exception(UnavailableError(str(error), retryable=True))
-            run.close()
-            return None
         except (CancelledRequestError, UnavailableError) as error:
             job.future.set_exception(error)
+            run.close()
+            return None
+        except Exception as error:  # the worker outlives any one request
+            job.future.set_exception(self._failure(error))
             run.close()
             return None
         run.close()

@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from itertools import pairwise
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, TypeVar
 
 from adapter.calibration import describe

@@ -151,8 +151,11 @@ def test_unreachable_server_is_a_typed_error() -> None:
 
 
 def test_the_servers_retry_after_is_waited_plus_jitter(server: BusyFirst, url: str) -> None:
-    """The real server's busy 503 says `Retry-After: 1`; backoff without a hint, the budget
-    and the other hints are in test_retry.py."""
+    """The real server's busy 503 carries its Retry-After estimate (constant while nothing is
+    scored); backoff without a hint, the budget and the other hints are in test_retry.py."""
+    service = server.runtime.service
+    assert service is not None
+    hint = service.scheduler._retry_after(service.scheduler.max_queue)
     sleeps: list[float] = []
     policy = RetryPolicy()
     client = DecisionClient(
@@ -163,7 +166,7 @@ def test_the_servers_retry_after_is_waited_plus_jitter(server: BusyFirst, url: s
     assert client.decide(decision()).id == "support-route"
     assert server.posts == posts + 4
     draws = random.Random(3)
-    assert sleeps == [1 + policy.retry_after_jitter_s * draws.random() for _ in range(3)]
+    assert sleeps == [hint + policy.retry_after_jitter_s * draws.random() for _ in range(3)]
 
 
 def test_busy_through_every_attempt_raises_busy_error(server: BusyFirst, url: str) -> None:
@@ -178,7 +181,8 @@ def test_busy_through_every_attempt_raises_busy_error(server: BusyFirst, url: st
     assert raised.value.status == 503
     assert raised.value.message.startswith("gave up after 4 attempts over ")
     assert raised.value.message.endswith(
-        "(the attempt limit is 4); last answer: busy: all scoring slots are in use"
+        "(the attempt limit is 4); last answer: busy: 256 requests are queued "
+        "(SEMIF_MAX_QUEUE=256)"
     )
     assert raised.value.body["retryable"] is True
 
