@@ -13,11 +13,13 @@ numbers finite and nesting bounded, else a 400 naming the JSON path.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import math
 import re
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -37,6 +39,7 @@ from adapter.errors import (
     UnsupportedMediaTypeError,
 )
 from adapter.fields import member_path
+from adapter.scheduler import CLIENT_GONE
 
 LOG = logging.getLogger("adapter.requests")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -206,9 +209,13 @@ async def answer(
     started = time.perf_counter()
     log: dict[str, Any] = {"request_id": request_id, "path": request.url.path}
     headers = {"x-request-id": request_id}
+    gone = threading.Event()
+    watcher: asyncio.Task[None] | None = None
     try:
         authenticate(request, api_key)
         body = await read_json_body(request, max_body_bytes, body_timeout_seconds)
+        watcher = asyncio.create_task(watch_disconnect(request, gone))
+        CLIENT_GONE.set(gone)
         payload, details = await call(body)(body, request_id)
         log.update(details)
         response = json_response(200, payload, **headers)
@@ -220,9 +227,24 @@ async def answer(
         response = json_response(
             500, {"error": "scoring failed", "request_id": request_id}, **headers
         )
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    if gone.is_set():
+        log["client_gone"] = True
     log.update(status=response.status_code, seconds=round(time.perf_counter() - started, 6))
     LOG.info(json.dumps(log, default=str, allow_nan=True))
     return response
+
+
+async def watch_disconnect(request: Request, gone: threading.Event) -> None:
+    """Once the body is read, the next ASGI message can only be the client leaving: flag it
+    so queued work for nobody is dropped (adapter.scheduler.CLIENT_GONE)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            return
 
 
 def as_sagemaker_runtime(response: Response) -> Response:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from adapter.engine import (
@@ -37,6 +38,10 @@ from adapter.engine import (
 from adapter.errors import UnavailableError
 
 LOG = logging.getLogger("adapter")
+# Set by the HTTP layer when the request's client disconnects (adapter.http.answer); the
+# worker then drops the request at its next pass or token. Context variables follow the
+# call into anyio's worker threads.
+CLIENT_GONE: ContextVar[threading.Event | None] = ContextVar("client_gone", default=None)
 
 
 class CancelledRequestError(Exception):
@@ -64,7 +69,9 @@ class _Job:
     deadline: float
     enqueued: float
     future: Future[tuple[list[PromptScore], JobTiming]] = field(default_factory=Future)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(
+        default_factory=lambda: CLIENT_GONE.get() or threading.Event()
+    )
     done: int = 0  # prompts scored so far
     scores: list[PromptScore] = field(default_factory=list)
     started: float | None = None
@@ -92,7 +99,9 @@ class _ChatJob:
     stop: Sequence[str]
     deadline: float
     future: Future[Generation] = field(default_factory=Future)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(
+        default_factory=lambda: CLIENT_GONE.get() or threading.Event()
+    )
 
 
 class Scheduler:
