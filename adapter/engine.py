@@ -57,13 +57,12 @@ _ALL_LAYERS = 1_000_000
 RESIDENT_PREFIXES = 64
 
 
-def exact_alignment() -> int:
-    """The block (in cells) that makes CPU attention sums independent of the layout: the
-    f16/f32 dot kernels accumulate by cell index modulo 32 with a symmetric reduction of
-    16-element halves on AVX2 and NEON (64 and 32 on AVX-512), and softmax sums groups of 8
-    (16 on AVX-512). See adapter/kv_layout.py."""
-    info = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
-    return 32 if "AVX512 = 1" in info else 16
+# The block (in cells) that makes CPU attention sums independent of the layout. The f16/f32
+# dot kernels keep 4 accumulators of 8 (AVX2, NEON) or 16 (AVX-512) lanes and reduce them
+# pairwise ((0+2) + (1+3)), a tree that rotating the accumulators leaves exact; softmax sums
+# groups of 8 or 16. Measured on AVX-512: offsets of 16 are bit-identical, 8 are not. See
+# adapter/kv_layout.py.
+EXACT_ALIGNMENT = 16
 
 
 # Tokens llama.cpp's special-token parsing splits out of text; with parse_special off it
@@ -284,7 +283,7 @@ class LlamaEngine:
         self.exact = exact
         self.cache = PrefixCache(
             kv_cells,
-            alignment=exact_alignment() if exact else 1,
+            alignment=EXACT_ALIGNMENT if exact else 1,
             max_entries=RESIDENT_PREFIXES,
         )
         self._generation: GenerationRun | None = None
