@@ -21,6 +21,19 @@ Result = tuple[dict[str, Any], dict[str, Any]]
 Handler = Callable[[Runtime, Any, str], Any]
 
 
+def batching_fields(timing: dict[str, Any]) -> dict[str, Any]:
+    """What a scoring request's log line says about its queueing and the passes it rode."""
+    keys = (
+        "evaluated_tokens",
+        "reused_tokens",
+        "pad_tokens",
+        "queue_seconds",
+        "passes",
+        "batch_requests",
+    )
+    return {key: timing[key] for key in keys}
+
+
 async def decide(runtime: Runtime, body: Any, request_id: str) -> Result:
     """The decision API: one decision, or a shared-state batch scored as branches."""
     request = parse_decision_body(body, runtime.settings.max_shared_decisions)
@@ -34,8 +47,7 @@ async def decide(runtime: Runtime, body: Any, request_id: str) -> Result:
         "mode": mode,
         "decisions": len(decisions),
         "input_tokens": sum(result["input_tokens"] for result in results),
-        "evaluated_tokens": scored["timing"]["evaluated_tokens"],
-        "reused_tokens": scored["timing"]["reused_tokens"],
+        **batching_fields(scored["timing"]),
     }
     return response, log
 
@@ -50,8 +62,7 @@ async def answer_systemone(runtime: Runtime, body: Any, request_id: str) -> Resu
         "mode": "systemone",
         "decisions": len(request.questions),
         "input_tokens": response["usage"]["input_tokens"],
-        "evaluated_tokens": timing["evaluated_tokens"],
-        "reused_tokens": timing["reused_tokens"],
+        **batching_fields(timing),
     }
     return response, log
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -361,3 +362,16 @@ def test_manifest_calibration_is_applied_and_reported(tiny_model_dir: Path) -> N
     logits = np.array(result["option_logits"])
     assert result["probabilities"] == pytest.approx(list(softmax(logits / 2.5)), abs=1e-9)
     assert body["model"]["calibration"] == {"temperature": 2.5}
+
+
+def test_the_request_log_line_says_how_it_queued_and_rode(
+    tiny_client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="adapter.requests"):
+        assert post(tiny_client, {"decision": decision()}).status_code == 200
+    line = json.loads(caplog.records[-1].getMessage())
+    assert line["status"] == 200
+    assert line["batch_requests"] >= 1
+    assert line["passes"] == 1
+    assert 0 <= line["queue_seconds"] <= line["seconds"]
+    assert line["evaluated_tokens"] + line["reused_tokens"] == line["input_tokens"]
