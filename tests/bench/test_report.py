@@ -74,7 +74,7 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     for evaluated, total in zip(reuse["evaluated_tokens"], reuse["input_tokens"], strict=True):
         assert 0 < evaluated < total / 2
     shared = report["figures"]["shared_state_speedup"]["details"]["server_timing"]
-    assert 0 < shared["evaluated_tokens"] < shared["input_tokens"] / 2 + 100
+    assert 0 < shared["evaluated_tokens"] < shared["input_tokens"]
     assert (tmp_path / "bench-report-latency.png").read_bytes().startswith(b"\x89PNG")
     # Concurrency: the default queue answers every client; every level sent what it planned.
     assert report["figures"]["concurrency_errors"]["measured"] == 0
