@@ -63,6 +63,11 @@ RESIDENT_PREFIXES = 64
 # groups of 8 or 16. Measured on AVX-512: offsets of 16 are bit-identical, 8 are not. See
 # adapter/kv_layout.py.
 EXACT_ALIGNMENT = 16
+# Cells the resident prefixes and a pass may span before the arena is wiped, and rows one
+# pass takes: on CPU attention over n cells costs each token about as much as the weights
+# once n reaches a few thousand (SmolLM2-135M: ~4,000), so both stay well below that.
+ARENA_CELLS = 2048
+PASS_ROWS = 1024
 
 
 # Tokens llama.cpp's special-token parsing splits out of text; with parse_special off it
@@ -285,7 +290,9 @@ class LlamaEngine:
             kv_cells,
             alignment=EXACT_ALIGNMENT if exact else 1,
             max_entries=RESIDENT_PREFIXES,
+            arena_cells=ARENA_CELLS,
         )
+        self.pass_rows = min(PASS_ROWS, kv_cells)
         self._generation: GenerationRun | None = None
 
     # -- model facts ---------------------------------------------------------------------

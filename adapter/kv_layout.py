@@ -112,10 +112,16 @@ def common_prefix(first: np.ndarray, second: np.ndarray) -> int:
 class PrefixCache:
     """The arena's state: resident entries, free sequence ids and the occupied top."""
 
-    def __init__(self, cells: int, *, alignment: int, max_entries: int) -> None:
+    def __init__(
+        self, cells: int, *, alignment: int, max_entries: int, arena_cells: int | None = None
+    ) -> None:
         if alignment < 1 or cells < 1:
             raise ValueError("cells and alignment must be positive")
         self.cells = cells
+        # Every token attends over all cells up to the arena's top (without flash attention
+        # a masked cell costs as much as a used one), so the arena is wiped once a pass
+        # would end above this; a pass larger than it alone may still use the whole cache.
+        self.arena_cells = min(arena_cells or cells, cells)
         self.alignment = alignment
         self.max_entries = max_entries
         self.entries: dict[int, Entry] = {}
@@ -222,7 +228,7 @@ class PrefixCache:
                 builder.continuations(prompt)
         if len(builder.rows) % UBATCH_ROWS == 1:
             builder.pad_row()  # a one-row ubatch runs another kernel (GEMV): other logits
-        if builder.cursor > self.cells:
+        if builder.cursor > (self.cells if wipe else self.arena_cells):
             return None
         copies = tuple(
             (prompt.base.seq, seq, prompt.reused)

@@ -120,8 +120,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.queue_timeout_seconds = queue_timeout_seconds
         self.max_batch_requests = max_batch_requests
-        # Half the cache per pass: the rest keeps resident prefixes alive between passes.
-        self.pass_rows = max(engine.kv_cells // 2, 1)
+        self.pass_rows = engine.pass_rows  # a larger request is scored over several passes
         self._on_native_failure = on_native_failure
         self._queue: collections.deque[_Job] = collections.deque()
         self._chats: collections.deque[_ChatJob] = collections.deque()

@@ -100,7 +100,7 @@ def test_invocations_body_with_questions_is_system_one(client: TestClient) -> No
         )
 
 
-def test_usage_counts_the_shared_state_once_in_one_engine_call(
+def test_usage_counts_the_shared_state_once_in_batched_passes(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service = runtime_of(client.app).service
@@ -118,7 +118,10 @@ def test_usage_counts_the_shared_state_once_in_one_engine_call(
         for key, question in questions().items()
     ]
     together = post(client, {"state": STATE, "questions": questions()}).json()["usage"]
-    assert calls == [1, 1, 1, 3]  # all questions of a request in one batched engine call
+    # The questions of one request share passes (the tiny model's byte-level prompts need
+    # two of at most 1,024 rows), never one call each.
+    assert calls[:3] == [1, 1, 1]
+    assert sum(calls[3:]) == 3 and len(calls[3:]) < 3
     state_tokens = len(service.engine.tokenize(json.dumps(STATE)))
     separate = sum(usage["input_tokens"] for usage in each)
     assert together["input_tokens"] <= separate - 2 * state_tokens
@@ -363,7 +366,8 @@ def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
             Decision("small", "Shared evidence.", "Which queue?", _options(3)),
         ]
         batch = service.score(decisions, ["wide", "mid", "small"])
-        assert batch.timing.passes == 2  # 27 sequences, then 7 + 1, of 30
+        # Over several passes: 30 sequences and ~4,600 rows, at most 1,024 rows a pass.
+        assert batch.timing.passes > 1
         for decision, readout in zip(decisions, batch.readouts, strict=True):
             joint = _reference_log_probabilities(model, decision)
             weights = np.exp(joint - joint.max())
