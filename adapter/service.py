@@ -198,11 +198,15 @@ class DecisionService:
         labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
         firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]
         token_lists = [tokens for _, tokens in prompts]
-        cost = sum(len(tokens) for tokens in token_lists) + sum(len(f) for f in firsts)
+        # What the request can cost the engine: its prompts' prefix tree (a shared state
+        # counts once, as it is decoded once) and its label continuations.
+        distinct = distinct_tokens(token_lists)
+        cost = distinct + sum(len(f) for f in firsts)
         if cost > self.max_request_tokens:
             raise RequestError(
                 paths[0].split("[")[0].split(".")[0],
-                f"the request costs {cost} tokens (prompts and label continuations); the "
+                f"the request costs {cost} tokens (distinct prompt tokens and label "
+                "continuations); the "
                 f"limit is {self.max_request_tokens} (SEMIF_MAX_REQUEST_TOKENS); send fewer "
                 "or shorter decisions",
             )
@@ -223,7 +227,7 @@ class DecisionService:
             readouts=readouts,
             timing=timing,
             total_seconds=time.monotonic() - started,
-            distinct_input_tokens=distinct_tokens(token_lists),
+            distinct_input_tokens=distinct,
         )
 
     def decide(

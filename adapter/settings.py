@@ -87,8 +87,9 @@ class Settings:
 
     @property
     def kv_cells(self) -> int:
-        """KV cache size: room for resident prefixes and a batched pass of several prompts."""
-        return 4 * self.max_tokens
+        """KV cache size: a full prompt and its label continuations, with room to spare; the
+        arena of resident prefixes and batched passes stays far smaller (adapter.engine)."""
+        return 2 * self.max_tokens
 
     @property
     def in_sagemaker(self) -> bool:

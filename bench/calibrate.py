@@ -239,8 +239,15 @@ def held_out_order(scored: Sequence[Scored], folds: int, seed: int) -> list[Scor
     return [scored[index] for test in folds_of(len(scored), folds, seed) for index in test]
 
 
-def _share(gained: float, possible: float) -> float | None:
-    return gained / possible if possible else None
+HIGHER_IS_BETTER = {"accuracy": True, "nll": False, "brier": False}
+
+
+def _share(prior: float, debiased: float, canonical: float, higher_is_better: bool) -> float | None:
+    """The prior's improvement over canonical as a share of debiased's; None when debiased
+    did not improve (there is no gain to recover, and a ratio of losses would mislead)."""
+    sign = 1.0 if higher_is_better else -1.0
+    possible = sign * (debiased - canonical)
+    return sign * (prior - canonical) / possible if possible > 0 else None
 
 
 def summarize(
@@ -255,10 +262,12 @@ def summarize(
     canonical, debiased = metrics["canonical"], metrics["debiased"]
     recovers = {
         name: _share(
-            canonical["prior"][name] - canonical["uncalibrated"][name],
-            debiased["uncalibrated"][name] - canonical["uncalibrated"][name],
+            canonical["prior"][name],
+            debiased["uncalibrated"][name],
+            canonical["uncalibrated"][name],
+            higher,
         )
-        for name in ("accuracy", "nll", "brier")
+        for name, higher in HIGHER_IS_BETTER.items()
     }
     return {"held_out": metrics, "prior_recovers": recovers}
 

@@ -22,7 +22,9 @@ from bench.calibrate import (
     fit_temperature,
     main,
     score_all,
+    summarize,
 )
+from bench.metrics import Answer
 from bench.runner import open_client
 from bench.tasks import SMOKE_TASKS, Task, load_tasks, single_body
 from model_build.calibration import OptionOrder, load_calibration
@@ -65,6 +67,24 @@ def test_estimate_prior_recovers_a_planted_position_prior() -> None:
     [(count, estimate)] = estimate_prior(scored).items()
     assert count == 4
     assert estimate == pytest.approx(list(prior), abs=1e-9)
+
+
+def test_the_prior_recovers_a_share_of_debiaseds_gain_only_when_there_is_one() -> None:
+    right, unsure, wrong = (
+        Answer({"x": 0.9, "y": 0.1}),
+        Answer({"x": 0.6, "y": 0.4}),
+        Answer({"x": 0.2, "y": 0.8}),
+    )
+    stages: dict[OptionOrder, dict[str, list[Answer]]] = {
+        "as_given": {"uncalibrated": [wrong], "prior": [wrong], "calibrated": [wrong]},
+        "canonical": {"uncalibrated": [wrong], "prior": [unsure], "calibrated": [unsure]},
+        "debiased": {"uncalibrated": [right], "prior": [right], "calibrated": [right]},
+    }
+    shares = summarize(stages, ["x"])["prior_recovers"]
+    assert shares["accuracy"] == pytest.approx(1.0)  # wrong -> right, and the prior got it
+    assert 0 < shares["nll"] < 1
+    stages["debiased"] = stages["as_given"]  # debiased no better than canonical
+    assert summarize(stages, ["x"])["prior_recovers"]["accuracy"] is None
 
 
 def _mixed_tasks(path: Path) -> list[Task]:
