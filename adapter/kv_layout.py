@@ -101,6 +101,10 @@ class _Prompt:
         return (self.seq, *self.continuation_seqs)
 
 
+def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
+    return common_prefix(np.asarray(first), np.asarray(second))
+
+
 def common_prefix(first: np.ndarray, second: np.ndarray) -> int:
     length = min(len(first), len(second))
     if length == 0:

@@ -26,6 +26,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from adapter.engine import (
+    EXACT_ALIGNMENT,
     CancelledWorkError,
     CapacityError,
     Generation,
@@ -36,8 +37,10 @@ from adapter.engine import (
     Sampling,
 )
 from adapter.errors import UnavailableError
+from adapter.kv_layout import common_prefix_length
 
 LOG = logging.getLogger("adapter")
+SHARED_BLOCK = EXACT_ALIGNMENT  # re-decoded where neighbours diverge, plus pads
 # Set by the HTTP layer when the request's client disconnects (adapter.http.answer); the
 # worker then drops the request at its next pass or token. Context variables follow the
 # call into anyio's worker threads.
@@ -84,9 +87,13 @@ class _Job:
     pads: int = 0
 
     def cost(self, index: int) -> tuple[int, int]:
-        """(KV rows, sequences) prompt `index` may need in a pass."""
+        """(KV rows, sequences) prompt `index` may add to a pass: a request's prompts about
+        one state are neighbours, and what a prompt shares with the one before it is
+        decoded once (a block of it again where they diverge)."""
+        prompt = self.prompts[index]
+        shared = common_prefix_length(prompt, self.prompts[index - 1]) if index > 0 else 0
         return (
-            len(self.prompts[index]) + len(self.continuations[index]),
+            len(prompt) - shared + SHARED_BLOCK + len(self.continuations[index]),
             1 + len(self.continuations[index]),
         )
 

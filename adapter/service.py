@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from adapter.calibration import describe
 from adapter.engine import Generation, LlamaEngine, Sampling
 from adapter.errors import RequestError, UnavailableError
+from adapter.kv_layout import common_prefix_length
 from adapter.labels import LabelError, LabelSet
 from adapter.ordering import Variants, expand, read
 from adapter.prompts import (
@@ -301,15 +302,6 @@ def distinct_tokens(prompts: Sequence[Sequence[int]]) -> int:
     ordered = sorted(tuple(prompt) for prompt in prompts)
     shared = sum(common_prefix_length(left, right) for left, right in pairwise(ordered))
     return sum(len(prompt) for prompt in ordered) - shared
-
-
-def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
-    length = 0
-    for left, right in zip(first, second, strict=False):
-        if left != right:
-            break
-        length += 1
-    return length
 
 
 def _paths(mode: Mode, count: int) -> list[str]:

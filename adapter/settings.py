@@ -88,8 +88,9 @@ class Settings:
     @property
     def kv_cells(self) -> int:
         """KV cache size: a full prompt and its label continuations, with room to spare; the
-        arena of resident prefixes and batched passes stays far smaller (adapter.engine)."""
-        return 2 * self.max_tokens
+        arena of resident prefixes and batched passes stays far smaller (adapter.engine).
+        At least 256: llama.cpp needs a cell per sequence id."""
+        return max(2 * self.max_tokens, 256)
 
     @property
     def in_sagemaker(self) -> bool:

@@ -17,12 +17,15 @@ from starlette.testclient import TestClient
 from adapter import runtime as runtime_module
 from adapter.app import create_app
 from adapter.engine import NativeFailureError
+from adapter.model_files import calibration_summary
+from adapter.prompts import PROMPT_VERSION
 from adapter.readout import softmax
 from adapter.runtime import Runtime
 from adapter.settings import Settings
+from model_build.calibration import Calibration
 from model_build.embedded import sha256_of
 from model_build.gguf_info import inspect_gguf
-from model_build.manifest import BuildInfo, Calibration, Manifest, SourceInfo
+from model_build.manifest import BuildInfo, Manifest, SourceInfo
 from tests.support.serving import decision, serving
 
 HEADERS = {"content-type": "application/json"}
@@ -346,6 +349,14 @@ def test_failed_load_is_reported_by_ping(tmp_path: Path) -> None:
     assert "found 0: none" in failures[0]
 
 
+CALIBRATION = Calibration(
+    prompt_version=PROMPT_VERSION,
+    option_order="canonical",
+    temperatures={"choice": 2.5},
+    tasks_sha256="a" * 64,
+)
+
+
 def test_manifest_calibration_is_applied_and_reported(tiny_model_dir: Path) -> None:
     gguf = next(tiny_model_dir.glob("*.gguf"))
     info = inspect_gguf(gguf, file=gguf.name, size=gguf.stat().st_size, sha256=sha256_of(gguf))
@@ -353,7 +364,7 @@ def test_manifest_calibration_is_applied_and_reported(tiny_model_dir: Path) -> N
         source=SourceInfo(uri="s3://bucket/tiny.gguf", revision=None, file=gguf.name),
         gguf=info,
         build=BuildInfo(built_at="2026-11-29T00:00:00Z", builder_version="test"),
-        calibration=Calibration(temperature=2.5),
+        calibration=CALIBRATION,
     )
     (tiny_model_dir / "model-manifest.json").write_text(manifest.to_json())
     with serving(Settings(model_dir=tiny_model_dir, threads=2)) as client:
@@ -361,7 +372,8 @@ def test_manifest_calibration_is_applied_and_reported(tiny_model_dir: Path) -> N
     result = body["result"]
     logits = np.array(result["option_logits"])
     assert result["probabilities"] == pytest.approx(list(softmax(logits / 2.5)), abs=1e-9)
-    assert body["model"]["calibration"] == {"temperature": 2.5}
+    assert body["model"]["calibration"] == calibration_summary(CALIBRATION)
+    assert result["calibration"]["applied"] is True
 
 
 def test_the_request_log_line_says_how_it_queued_and_rode(

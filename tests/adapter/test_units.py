@@ -12,11 +12,18 @@ import pytest
 
 from adapter.backends import BackendLoadError, bundled_lib_dir, load_backends
 from adapter.errors import RequestError
-from adapter.model_files import ModelFilesError, discover_gguf, resolve_model_files
+from adapter.model_files import (
+    ModelFilesError,
+    calibration_summary,
+    discover_gguf,
+    resolve_model_files,
+)
 from adapter.readout import NonFiniteLogitsError, read_slots, softmax
 from adapter.schema import parse_decision_request
 from adapter.settings import SettingsError, load_settings
-from model_build.manifest import BuildInfo, Calibration, GgufInfo, Manifest, SourceInfo
+from model_build.calibration import Calibration
+from model_build.manifest import BuildInfo, GgufInfo, Manifest, SourceInfo
+from tests.model_build.support import CALIBRATION
 from tests.support.serving import decision
 
 # -- settings -----------------------------------------------------------------------------
@@ -33,7 +40,7 @@ def test_settings_defaults_match_the_container_contract() -> None:
     assert (settings.queue_timeout_seconds, settings.request_timeout_seconds) == (20.0, 50.0)
     assert settings.max_request_tokens == 16_384
     assert settings.exact_scoring is True
-    assert settings.kv_cells == 2 * settings.max_tokens
+    assert settings.kv_cells == 2 * settings.max_tokens  # and at least 256
     assert not hasattr(settings, "max_in_flight")
 
 
@@ -142,16 +149,17 @@ def test_manifest_match_reports_identity(tmp_path: Path) -> None:
     files = resolve_model_files(tmp_path, None)
     assert files.identity["sha256"] == hashlib.sha256(b"GGUF-bytes").hexdigest()
     assert files.identity["source"] == "s3://b/k.gguf"
-    assert (files.temperature, files.identity["calibration"]) == (1.0, None)
+    assert (files.calibration, files.identity["calibration"]) == (None, None)
 
 
-def test_manifest_calibration_sets_the_temperature(tmp_path: Path) -> None:
+def test_manifest_calibration_is_loaded_and_summarised(tmp_path: Path) -> None:
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF-bytes")
-    _manifest(tmp_path, gguf, calibration=Calibration(temperature=1.7))
+    _manifest(tmp_path, gguf, calibration=CALIBRATION)
     files = resolve_model_files(tmp_path, None)
-    assert files.temperature == 1.7
-    assert files.identity["calibration"] == {"temperature": 1.7}
+    assert files.calibration == CALIBRATION
+    assert files.identity["calibration"] == calibration_summary(CALIBRATION)
+    assert files.identity["calibration"]["temperatures"] == {"choice": 1.5, "noul": 0.8}
 
 
 @pytest.mark.parametrize(
@@ -188,15 +196,6 @@ def test_read_slots_restricts_and_measures_mass() -> None:
     assert readout.probabilities == pytest.approx([1 / 3, 2 / 3])
     assert readout.allowed_token_mass == pytest.approx(0.75, abs=1e-6)
     assert readout.top_token_id == 0
-
-
-def test_temperature_calibrates_probabilities_not_mass() -> None:
-    logits = np.log(np.array([0.5, 0.25, 0.125, 0.125], dtype=np.float32))
-    plain, calibrated = read_slots(logits, [0, 1]), read_slots(logits, [0, 1], temperature=2.0)
-    assert calibrated.probabilities == pytest.approx(list(softmax(np.log([0.5, 0.25]) / 2)))
-    assert calibrated.probabilities[0] < plain.probabilities[0]
-    assert calibrated.allowed_token_mass == pytest.approx(plain.allowed_token_mass)
-    assert calibrated.option_logits == plain.option_logits
 
 
 def test_read_slots_refuses_nan() -> None:
