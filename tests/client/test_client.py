@@ -181,8 +181,7 @@ def test_busy_through_every_attempt_raises_busy_error(server: BusyFirst, url: st
     assert raised.value.status == 503
     assert raised.value.message.startswith("gave up after 4 attempts over ")
     assert raised.value.message.endswith(
-        "(the attempt limit is 4); last answer: busy: 256 requests are queued "
-        "(SEMIF_MAX_QUEUE=256)"
+        "(the attempt limit is 4); last answer: busy: 256 requests are queued (SEMIF_MAX_QUEUE=256)"
     )
     assert raised.value.body["retryable"] is True
 
