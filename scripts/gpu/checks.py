@@ -239,7 +239,7 @@ def http_prefix_reuse(client: Invoker, first: Decision, second: Decision) -> dic
     require(evaluated < tokens / 3, f"{evaluated} of {tokens} tokens evaluated")
     repeat: dict[str, Any] = client.invoke(single_body(second))
     # Fully resident: only its last block is decoded again (exact layout, adapter.kv_layout).
-    block = max(engine.cache.alignment, 1)
+    block = max(int(repeat["model"]["serving"]["kv_alignment"]), 1)
     require(
         1 <= repeat["timing"]["evaluated_tokens"] <= block, "a repeated prompt was re-evaluated"
     )
