@@ -124,7 +124,8 @@ class PrefixCache:
         self.cells = cells
         # Every token attends over all cells up to the arena's top (without flash attention
         # a masked cell costs as much as a used one), so the arena is wiped once a pass
-        # would end above this; a pass larger than it alone may still use the whole cache.
+        # would end above this, unless the pass reuses more tokens than it decodes (a
+        # follow-up about a long state); a pass larger than it may use the whole cache.
         self.arena_cells = min(arena_cells or cells, cells)
         self.alignment = alignment
         self.max_entries = max_entries
@@ -232,8 +233,11 @@ class PrefixCache:
                 builder.continuations(prompt)
         if len(builder.rows) % UBATCH_ROWS == 1:
             builder.pad_row()  # a one-row ubatch runs another kernel (GEMV): other logits
-        if builder.cursor > (self.cells if wipe else self.arena_cells):
+        if builder.cursor > self.cells:
             return None
+        reused = sum(prompt.reused for prompt in prompts)
+        if not wipe and builder.cursor > self.arena_cells and reused < len(builder.rows):
+            return None  # little to keep: a wipe costs less than attending over the arena
         copies = tuple(
             (prompt.base.seq, seq, prompt.reused)
             for prompt in prompts
