@@ -105,6 +105,20 @@ def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
     return common_prefix(np.asarray(first), np.asarray(second))
 
 
+def longest_entry(tokens: np.ndarray, entries: dict[int, Entry]) -> tuple[Entry | None, int]:
+    """The entry sharing the longest prefix with `tokens` (on a tie, one holding exactly
+    `tokens`, then the lowest sequence id), and that length."""
+    best: Entry | None = None
+    best_key = (0, False)
+    for seq in sorted(entries):
+        entry = entries[seq]
+        length = common_prefix(tokens, entry.tokens)
+        key = (length, length == len(tokens) == len(entry.tokens))
+        if length > 0 and key > best_key:
+            best, best_key = entry, key
+    return best, best_key[0]
+
+
 def common_prefix(first: np.ndarray, second: np.ndarray) -> int:
     length = min(len(first), len(second))
     if length == 0:
@@ -163,13 +177,8 @@ class PrefixCache:
 
     def longest_match(self, tokens: Sequence[int]) -> tuple[int | None, int]:
         """The resident entry sharing the longest prefix with `tokens`, and its length."""
-        array = np.asarray(tokens, dtype=np.int64)
-        best: tuple[int | None, int] = (None, 0)
-        for seq in sorted(self.entries):
-            length = common_prefix(array, self.entries[seq].tokens)
-            if length > best[1]:
-                best = (seq, length)
-        return best
+        entry, length = longest_entry(np.asarray(tokens, dtype=np.int64), self.entries)
+        return (None if entry is None else entry.seq), length
 
     def commit(
         self, plan: PassPlan, prompts: Sequence[tuple[Sequence[int], Sequence[int]]]
@@ -279,16 +288,8 @@ class PrefixCache:
         """The resident entry sharing the longest prefix (at most all but the last token:
         the last token is decoded to produce logits)."""
         array = np.asarray(tokens, dtype=np.int64)
-        best: Entry | None = None
-        best_length = 0
-        resident = False
-        for seq in sorted(entries):
-            entry = entries[seq]
-            length = common_prefix(array, entry.tokens)
-            if length == len(array) == len(entry.tokens):
-                resident = True
-            if length > best_length:
-                best, best_length = entry, length
+        best, best_length = longest_entry(array, entries)
+        resident = best is not None and best_length == len(array) == len(best.tokens)
         usable = min(best_length, len(array) - 1)
         return _Prompt(
             tokens=array,

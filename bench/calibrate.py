@@ -40,7 +40,7 @@ from adapter.calibration import correction
 from adapter.ordering import Order, arrange, canonical_order, distribution, plan, rotations
 from adapter.readout import log_softmax, softmax
 from bench.metrics import ECE_BINS, Answer, accuracy, brier_score, top_label_ece
-from bench.runner import Invoker, target_client
+from bench.runner import Invoker, save_figure, target_client
 from bench.tasks import Task, load_tasks, shared_body
 from model_build.calibration import (
     OPTION_ORDERS,
@@ -315,11 +315,7 @@ def write_reliability(
     axes.set_ylabel("accuracy")
     axes.set_title(title)
     axes.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def score_all(client: Invoker, tasks: Sequence[Task]) -> tuple[list[Scored], str]:

@@ -37,6 +37,7 @@ from adapter.settings import Settings
 from bench.local import ServerProcess, serve_llama_server, serve_model
 from bench.metrics import latency_summary
 from bench.peer_server import PeerBinary
+from bench.runner import save_figure
 from bench.tasks import single_body
 from bench.workload import concurrent_decisions
 
@@ -466,8 +467,4 @@ def write_plot(run: ConcurrencyRun, path: Path) -> Path:
         axes.set_xlabel("concurrent clients (closed loop)")
         axes.legend(fontsize="small")
     figure.suptitle("single decisions on ~150-token states")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
+    return save_figure(figure, path)

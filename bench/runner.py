@@ -277,6 +277,13 @@ def write_histogram(series: Mapping[str, Sequence[float]], path: Path, title: st
     axes.set_ylabel("decisions")
     axes.set_title(title)
     axes.legend()
+    return save_figure(figure, path)
+
+
+def save_figure(figure: Any, path: Path) -> Path:
+    """Write a finished matplotlib figure as PNG and free it (every report plot)."""
+    from matplotlib import pyplot
+
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
