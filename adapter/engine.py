@@ -63,10 +63,8 @@ RESIDENT_PREFIXES = 64
 # groups of 8 or 16. Measured on AVX-512: offsets of 16 are bit-identical, 8 are not. See
 # adapter/kv_layout.py.
 EXACT_ALIGNMENT = 16
-# Cells the resident prefixes and a pass may span before the arena is wiped, and rows one
-# pass takes: on CPU attention over n cells costs each token about as much as the weights
-# once n reaches a few thousand (SmolLM2-135M: ~4,000), so both stay well below that.
-ARENA_CELLS = 2048
+# Rows one pass takes: enough to share a template and a state across many prompts, few
+# enough that a pass's attention over its own rows stays below its weights' cost.
 PASS_ROWS = 1024
 
 
@@ -290,12 +288,22 @@ class LlamaEngine:
             kv_cells,
             alignment=EXACT_ALIGNMENT if exact else 1,
             max_entries=RESIDENT_PREFIXES,
-            arena_cells=ARENA_CELLS,
+            break_even_cells=self._attention_break_even(),
         )
         self.pass_rows = min(PASS_ROWS, kv_cells)
         self._generation: GenerationRun | None = None
 
     # -- model facts ---------------------------------------------------------------------
+
+    def _attention_break_even(self) -> float:
+        """Cells at which one row's attention costs as much as its weights: per row the
+        weights take 2 flops per parameter outside the embedding (the output head runs on
+        output rows only), attention 4 per layer, cell and embedding dimension (scores and
+        values). SmolLM2-135M: 3,073; measured on this CPU without flash attention, 2,929."""
+        n_embd = int(llama_cpp.llama_model_n_embd(self._model))
+        n_layer = int(llama_cpp.llama_model_n_layer(self._model))
+        weights = int(llama_cpp.llama_model_n_params(self._model)) - self.n_vocab * n_embd
+        return max(weights, n_embd) / (2 * n_layer * n_embd)
 
     def chat_template_source(self) -> str:
         """The GGUF's chat template; decision prompts are rendered with it, so it is required."""
@@ -446,6 +454,7 @@ class LlamaEngine:
             "threads": self.threads,
             "prefix_reuse": self.prefix_reuse,
             "resident_prefixes": RESIDENT_PREFIXES,
+            "attention_break_even_cells": round(self.cache.break_even_cells or 0),
             "exact_scoring": self.exact,
             "kv_alignment": self.cache.alignment,
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
@@ -543,7 +552,14 @@ class LlamaEngine:
                 )
             batch.n_tokens = len(rows)
             self._decode(batch)
-            outputs = {index: self._logits(index) for index, row in enumerate(rows) if row.logits}
+            wanted = sorted(
+                {
+                    row
+                    for prompt in plan.prompts
+                    for row in (prompt.last_row, *prompt.continuation_rows)
+                }
+            )
+            outputs = {row: self._logits(row) for row in wanted}
             if plan.kept_pads:  # pads below kept rows stay occupied: no hole for the next pass
                 llama_cpp.llama_memory_seq_cp(
                     self._memory, PAD_SEQUENCE, JUNK_SEQUENCE, 0, plan.kept_pads

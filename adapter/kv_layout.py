@@ -12,7 +12,8 @@ sequence's cells are in position order. This module plans passes that keep both 
   at the head, which removals only ever move back to `top`).
 - Resident prefixes (`Entry`, one sequence each) are never freed in the middle: an evicted
   entry's cells are relabelled to the JUNK sequence and stay occupied, and the arena is
-  wiped when a pass no longer fits above `top`.
+  wiped when a pass no longer fits above `top`, or when re-decoding what it would reuse
+  costs less than attending over the arena (`PrefixCache._cost`).
 - A pass decodes the prompts' new tokens as a trie (shared tokens once, carrying every
   sequence below them), each segment preceded by pad tokens that bring the next cell to
   the segment's first position modulo `alignment`. Segments that become resident come
@@ -25,7 +26,7 @@ Pure bookkeeping: the engine executes the plan with llama.cpp.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -34,6 +35,7 @@ PAD_SEQUENCE = 1  # every pad of a pass, at positions 0, 1, ... (llama.cpp wants
 FIRST_FREE_SEQUENCE = 2
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 UBATCH_ROWS = 512  # the context's n_ubatch: llama.cpp splits a batch into runs of this many
+KV_PAD_CELLS = 256  # llama.cpp attends over the used cells rounded up to this
 
 
 @dataclass
@@ -131,16 +133,23 @@ class PrefixCache:
     """The arena's state: resident entries, free sequence ids and the occupied top."""
 
     def __init__(
-        self, cells: int, *, alignment: int, max_entries: int, arena_cells: int | None = None
+        self,
+        cells: int,
+        *,
+        alignment: int,
+        max_entries: int,
+        break_even_cells: float | None = None,
     ) -> None:
         if alignment < 1 or cells < 1:
             raise ValueError("cells and alignment must be positive")
+        if break_even_cells is not None and break_even_cells <= 0:
+            raise ValueError("break_even_cells must be positive")
         self.cells = cells
-        # Every token attends over all cells up to the arena's top (without flash attention
-        # a masked cell costs as much as a used one), so the arena is wiped once a pass
-        # would end above this, unless the pass reuses more tokens than it decodes (a
-        # follow-up about a long state); a pass larger than it may use the whole cache.
-        self.arena_cells = min(arena_cells or cells, cells)
+        # Every row attends over all cells up to the arena's top (without flash attention a
+        # masked cell costs as much as a used one): a row costs its weights times
+        # (1 + cells attended / break_even_cells). A pass wipes the arena when that makes it
+        # cheaper, re-decoding what it would have reused; None wipes only when full.
+        self.break_even_cells = break_even_cells
         self.alignment = alignment
         self.max_entries = max_entries
         self.entries: dict[int, Entry] = {}
@@ -158,13 +167,23 @@ class PrefixCache:
         """Plan one pass over distinct prompts (each with its continuation tokens)."""
         self.passes += 1
         plan = self._plan(prompts, wipe=False)
-        if plan is None:
-            plan = self._plan(prompts, wipe=True)
+        if plan is None or (self.top > 0 and self.break_even_cells is not None):
+            fresh = self._plan(prompts, wipe=True)
+            if plan is None or (fresh is not None and self._cost(fresh) < self._cost(plan)):
+                plan = fresh
         if plan is None:
             raise OverflowError(
                 f"the pass needs more than the cache's {self.cells} cells even when empty"
             )
         return plan
+
+    def _cost(self, plan: PassPlan) -> float:
+        """The pass's decode cost in rows' worth of weights, attention over the arena
+        included (llama.cpp attends over its used cells rounded up to KV_PAD_CELLS)."""
+        assert self.break_even_cells is not None
+        end = (0 if plan.wipe else self.top) + len(plan.rows)
+        attended = KV_PAD_CELLS * -(-end // KV_PAD_CELLS)
+        return len(plan.rows) * (1 + attended / self.break_even_cells)
 
     def reserve(self) -> int:
         """A sequence id held outside passes (a generation) until `release`."""
@@ -242,11 +261,9 @@ class PrefixCache:
                 builder.continuations(prompt)
         if len(builder.rows) % UBATCH_ROWS == 1:
             builder.pad_row()  # a one-row ubatch runs another kernel (GEMV): other logits
+        builder.pair_outputs()
         if builder.cursor > self.cells:
             return None
-        reused = sum(prompt.reused for prompt in prompts)
-        if not wipe and builder.cursor > self.arena_cells and reused < len(builder.rows):
-            return None  # little to keep: a wipe costs less than attending over the arena
         copies = tuple(
             (prompt.base.seq, seq, prompt.reused)
             for prompt in prompts
@@ -367,6 +384,19 @@ class _RowBuilder:
                 prompt.new_rows.add(row)
             for prompt in ending:
                 prompt.last_row = row
+
+    def pair_outputs(self) -> None:
+        """Give every micro-batch with exactly one output row a second one. llama.cpp runs
+        the last layer and the output head over a micro-batch's output rows only, and one
+        row takes the matrix-vector kernel instead of the tiled one (f32 and f16 weights):
+        other rounding than the same prompt gets beside a batch mate. The extra output
+        is an existing row of the micro-batch, so the layout does not move; its logits are
+        never read."""
+        for start in range(0, len(self.rows), UBATCH_ROWS):
+            chunk = range(start, min(start + UBATCH_ROWS, len(self.rows)))
+            if sum(self.rows[index].logits for index in chunk) == 1:
+                spare = next(index for index in chunk if not self.rows[index].logits)
+                self.rows[spare] = replace(self.rows[spare], logits=True)
 
     def scratch_last(self, prompt: _Prompt) -> None:
         """A prompt already resident in full: decode its last block again, to throw away

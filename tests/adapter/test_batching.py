@@ -59,9 +59,9 @@ def _histories_match_alone(gguf: Path, trials: int, tolerance: float) -> None:
 
 
 def test_random_histories_and_batches_match_alone(tiny_gguf: Path) -> None:
-    # Not bit-identical on the f32 model (about 1e-6 when a prompt spans a shared and its
-    # own segment: f32 matrix products run llamafile's tiled kernels); see docs/adapter.md.
-    _histories_match_alone(tiny_gguf, trials=20, tolerance=1e-5)
+    # Bit-identical on the f32 model too: its weights take the tiled kernels that differ
+    # from the one-row ones, so this is where a layout slip shows first (docs/adapter.md).
+    _histories_match_alone(tiny_gguf, trials=20, tolerance=0.0)
 
 
 @pytest.mark.slow
@@ -86,9 +86,7 @@ def test_concurrent_requests_ride_together_and_match_serial(tiny: LoadedModel) -
         with ThreadPoolExecutor(8) as pool:
             together = list(pool.map(lambda i: service.decide([_decision(i)], "single"), range(8)))
         for alone, rode in zip(serial, together, strict=True):
-            assert rode["results"][0]["probabilities"] == pytest.approx(
-                alone["results"][0]["probabilities"], abs=1e-6
-            )
+            assert rode["results"][0]["probabilities"] == alone["results"][0]["probabilities"]
         assert max(r["timing"]["batch_requests"] for r in together) > 1
     finally:
         service.close(10)

@@ -86,8 +86,7 @@ def test_shared_batch_matches_each_decision_alone(model: LoadedModel) -> None:
         engine.reset()
         alone.extend(_probabilities(service, [single], "single"))
     for batched, solo in zip(shared["results"], alone, strict=True):
-        # Within 1e-6 on this f32 model (bit-identical on the embedded Q4_1 one).
-        assert batched["probabilities"] == pytest.approx(solo, abs=1e-6)
+        assert batched["probabilities"] == solo  # bit-identical
         assert abs(sum(batched["probabilities"]) - 1.0) < 1e-6
 
 
@@ -102,7 +101,7 @@ def test_request_wider_than_one_pass_is_split_over_passes(tiny_gguf: Path) -> No
         finally:
             wide.engine.close()
         for got, want in zip(waved["results"], expected["results"], strict=True):
-            assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-6)
+            assert got["probabilities"] == want["probabilities"]
     finally:
         narrow.engine.close()
 

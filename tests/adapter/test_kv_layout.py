@@ -90,3 +90,43 @@ def test_a_pass_never_ends_with_a_one_row_ubatch() -> None:
         cache = PrefixCache(4096, alignment=16, max_entries=8)
         plan = cache.plan([(list(range(1, length + 1)), [])])
         assert len(plan.rows) % UBATCH_ROWS != 1
+
+
+def test_no_micro_batch_has_a_single_output_row() -> None:
+    """A lone output row takes the matrix-vector kernel in llama.cpp's last layer; each
+    micro-batch carries none or at least two, and a spare is never a prompt's output."""
+    for prompts, spares in (
+        ([(list(range(1, 60)), [])], 1),  # one prompt alone
+        ([(list(range(1, 400)), []), (list(range(1000, 1300)), [])], 2),  # one per ubatch
+        ([(list(range(1, 30)), [5, 6, 7])], 0),  # the continuations are outputs already
+    ):
+        plan = PrefixCache(4096, alignment=16, max_entries=8).plan(prompts)
+        for start in range(0, len(plan.rows), UBATCH_ROWS):
+            outputs = sum(row.logits for row in plan.rows[start : start + UBATCH_ROWS])
+            assert outputs != 1, (len(prompts), start)
+        named = {row for p in plan.prompts for row in (p.last_row, *p.continuation_rows)}
+        marked = {index for index, row in enumerate(plan.rows) if row.logits}
+        assert named <= marked
+        assert len(marked - named) == spares
+
+
+def test_the_arena_is_wiped_when_attending_over_it_costs_more_than_redecoding() -> None:
+    cache = PrefixCache(8192, alignment=16, max_entries=64, break_even_cells=3000.0)
+    template = list(range(1, 49))
+    for state in range(3):  # ~250-token decisions about new states: kept, 3 resident
+        plan = _run(cache, [(template + [1000 + 300 * state + i for i in range(200)], [])])
+        assert not plan.wipe
+    assert cache.top > 600
+    follow_up = [*next(iter(cache.entries.values())).tokens.tolist()[:240], 7, 8, 9]
+    kept = _run(cache, [(follow_up, [])])
+    assert not kept.wipe  # it reuses 240 tokens: re-decoding them costs more than the arena
+    fresh = _run(cache, [(template + [5000 + i for i in range(200)], [])])
+    assert fresh.wipe  # only the template to reuse: attending over ~900 cells costs more
+    assert fresh.prompts[0].reused == 0
+
+
+def test_without_a_break_even_the_arena_is_wiped_only_when_full() -> None:
+    cache = PrefixCache(8192, alignment=16, max_entries=64)
+    for state in range(20):
+        plan = _run(cache, [([1000 + 300 * state + i for i in range(250)], [])])
+        assert not plan.wipe
