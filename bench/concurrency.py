@@ -47,6 +47,7 @@ SHARED_EVERY = 4  # in the mix, 1 request in 4 is about the hot account
 PEER_TOP_TOKENS = 20
 CLIENT_TIMEOUT_S = 600.0
 WORKLOADS = ("distinct", "mix")
+INVOCATION_LIMIT_S = 60.0  # SageMaker's InvokeEndpoint: a later answer never reaches the caller
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,7 @@ class Level:
     queue_seconds: dict[str, float] | None
     batch_requests_mean: float | None
     batch_requests_max: int | None
+    ok_past_invocation_limit: int  # 200s that SageMaker would have turned into errors
     share_with_all_options_in_top_tokens: float | None
     same_prompt_tokens: bool | None
     samples: list[dict[str, Any]] = field(repr=False)
@@ -258,6 +260,7 @@ def summarize_level(clients: int, samples: Sequence[Sample]) -> Level:
         queue_seconds=latency_summary(queue) if queue else None,
         batch_requests_mean=statistics.fmean(batch) if batch else None,
         batch_requests_max=max(batch) if batch else None,
+        ok_past_invocation_limit=sum(1 for s in ok if s.seconds > INVOCATION_LIMIT_S),
         share_with_all_options_in_top_tokens=sum(covers) / len(covers) if covers else None,
         same_prompt_tokens=all(same) if same else None,
         samples=[
@@ -411,10 +414,11 @@ def measure_concurrency(
 
 
 def format_levels(run: ConcurrencyRun) -> str:
-    """One line per server, workload and level: throughput, latency, errors, queueing."""
+    """One line per server, workload and level: throughput, latency, errors, queueing, and
+    answers that came after SageMaker's 60 s invocation limit (errors behind SageMaker)."""
     header = (
         f"{'server':<22}{'clients':>8}{'requests':>9}{'non-200':>8}{'dec/s':>8}"
-        f"{'p50 s':>8}{'p95 s':>8}{'queue p50':>10}{'queue p95':>10}{'batch':>7}"
+        f"{'p50 s':>8}{'p95 s':>8}{'queue p50':>10}{'queue p95':>10}{'batch':>7}{'>60 s':>7}"
     )
     rows: list[tuple[str, Level]] = [
         (f"ours, {workload}", level)
@@ -434,6 +438,7 @@ def format_levels(run: ConcurrencyRun) -> str:
             f"{level.latency_seconds['p95']:>8.2f}{queue.get('p50', math.nan):>10.2f}"
             f"{queue.get('p95', math.nan):>10.2f}"
             + (f"{batch:>7.1f}" if batch is not None else f"{'-':>7}")
+            + f"{level.ok_past_invocation_limit:>7}"
         )
     return "\n".join(lines)
 

@@ -418,6 +418,18 @@ def _brief(level: Level) -> dict[str, Any]:
         "latency_p95_seconds": level.latency_seconds["p95"],
         "queue_seconds": level.queue_seconds,
         "batch_requests_mean": level.batch_requests_mean,
+        "ok_past_invocation_limit": level.ok_past_invocation_limit,
+    }
+
+
+def zero_error_throughput(clients: int) -> dict[str, float]:
+    """What 0 non-200 answers at `clients` asks of the server: a closed loop keeps every
+    client's request waiting, so each pass must clear `clients` requests within the
+    default queue timeout."""
+    queue_timeout = Settings().queue_timeout_seconds
+    return {
+        "queue_timeout_seconds": queue_timeout,
+        "needs_decisions_per_second": clients / queue_timeout,
     }
 
 
@@ -438,7 +450,13 @@ def concurrency_figures(run: ConcurrencyRun) -> list[Figure]:
             "requests",
             "requests",
             Goal("<=", 0.0),
-            {"statuses": top.non_200_statuses, "first_error": top.first_error, **_brief(top)},
+            {
+                "statuses": top.non_200_statuses,
+                "first_error": top.first_error,
+                **zero_error_throughput(top.clients),
+                "limit_decisions_per_second": run.limit_throughput,
+                **_brief(top),
+            },
         ),
         Figure(
             "concurrency_vs_limit",

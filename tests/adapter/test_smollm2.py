@@ -23,6 +23,7 @@ from tests.support.models import open_test_model, service_of
 
 pytestmark = pytest.mark.slow  # the embedded SmolLM2: real-model behaviour
 
+
 def example(name: str) -> Any:
     return json.loads(resources.files("client.examples").joinpath(name).read_text())
 

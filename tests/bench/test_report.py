@@ -78,6 +78,10 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     assert (tmp_path / "bench-report-latency.png").read_bytes().startswith(b"\x89PNG")
     # Concurrency: the default queue answers every client; every level sent what it planned.
     assert report["figures"]["concurrency_errors"]["measured"] == 0
+    errors = report["figures"]["concurrency_errors"]["details"]
+    assert errors["needs_decisions_per_second"] == 4 / errors["queue_timeout_seconds"]
+    assert errors["limit_decisions_per_second"] > 0
+    assert errors["ok_past_invocation_limit"] == 0
     concurrency = report["concurrency"]
     for workload in ("distinct", "mix"):
         levels = concurrency["ours"][workload]
