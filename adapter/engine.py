@@ -299,7 +299,9 @@ class LlamaEngine:
         """Cells at which one row's attention costs as much as its weights: per row the
         weights take 2 flops per parameter outside the embedding (the output head runs on
         output rows only), attention 4 per layer, cell and embedding dimension (scores and
-        values). SmolLM2-135M: 3,073; measured on this CPU without flash attention, 2,929."""
+        values). SmolLM2-135M: 3,073; measured on this CPU without flash attention, 2,929.
+        A model whose output head is not its embedding counts the head once more here, so
+        its price of a cell comes out lower and its arena is wiped a little later."""
         n_embd = int(llama_cpp.llama_model_n_embd(self._model))
         n_layer = int(llama_cpp.llama_model_n_layer(self._model))
         weights = int(llama_cpp.llama_model_n_params(self._model)) - self.n_vocab * n_embd
@@ -501,7 +503,7 @@ class LlamaEngine:
         try:
             self._check_cancel()
             try:
-                plan = self.cache.plan(unique)
+                plan = self.cache.plan(unique, held_tokens=self._held_tokens())
             except OverflowError as error:
                 raise CapacityError(str(error)) from None
             outputs = self._run_pass(plan)
@@ -532,11 +534,18 @@ class LlamaEngine:
         )
         return scores, timing
 
+    def _held_tokens(self) -> int:
+        """Tokens a wipe would make a running chat decode again (its context in the cache)."""
+        run = self._generation
+        return 0 if run is None or run.evicted else run.decoded
+
     def _run_pass(self, plan: PassPlan) -> dict[int, npt.NDArray[np.float32]]:
         """Execute a pass plan: evictions, prefix copies, one decode, then drop the rows
         that are not kept. Returns the logits of every row that asked for them."""
         if plan.wipe:
             llama_cpp.llama_memory_clear(self._memory, True)
+            if self._generation is not None:
+                self._generation.evicted = True  # its next step re-reads the context
         for seq in plan.junk:
             llama_cpp.llama_memory_seq_cp(self._memory, seq, JUNK_SEQUENCE, -1, -1)
             llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
@@ -725,7 +734,7 @@ class GenerationRun:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._seq = engine.cache.reserve()
         self.evicted = True  # the context is not (or no longer) in the cache
-        self._decoded = 0  # context tokens the sequence holds
+        self.decoded = 0  # context tokens the sequence holds
         self._text = ""
         self._count = 0
         self._finish: Literal["stop", "length"] | None = None
@@ -766,10 +775,10 @@ class GenerationRun:
                 llama_cpp.llama_memory_seq_cp(engine._memory, base, self._seq, 0, length)
             if self.reused_tokens < 0:
                 self.reused_tokens = length
-            self._decoded = length
+            self.decoded = length
             self.evicted = False
-        engine._decode_context(self._seq, self._context, self._decoded)
-        self._decoded = len(self._context)
+        engine._decode_context(self._seq, self._context, self.decoded)
+        self.decoded = len(self._context)
 
     def _end(self, finish: Literal["stop", "length"], tail: str) -> bool:
         self._text += tail

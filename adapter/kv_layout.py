@@ -163,13 +163,19 @@ class PrefixCache:
         self.entries.clear()
         self.top = 0
 
-    def plan(self, prompts: Sequence[tuple[Sequence[int], Sequence[int]]]) -> PassPlan:
-        """Plan one pass over distinct prompts (each with its continuation tokens)."""
+    def plan(
+        self, prompts: Sequence[tuple[Sequence[int], Sequence[int]]], *, held_tokens: int = 0
+    ) -> PassPlan:
+        """Plan one pass over distinct prompts (each with its continuation tokens).
+        `held_tokens` are cached outside passes (a running chat's context): a wipe makes
+        their owner decode them again, so they count in the wipe's price."""
         self.passes += 1
         plan = self._plan(prompts, wipe=False)
         if plan is None or (self.top > 0 and self.break_even_cells is not None):
             fresh = self._plan(prompts, wipe=True)
-            if plan is None or (fresh is not None and self._cost(fresh) < self._cost(plan)):
+            if plan is None or (
+                fresh is not None and self._cost(fresh, held_tokens) < self._cost(plan)
+            ):
                 plan = fresh
         if plan is None:
             raise OverflowError(
@@ -177,13 +183,15 @@ class PrefixCache:
             )
         return plan
 
-    def _cost(self, plan: PassPlan) -> float:
+    def _cost(self, plan: PassPlan, redecoded: int = 0) -> float:
         """The pass's decode cost in rows' worth of weights, attention over the arena
-        included (llama.cpp attends over its used cells rounded up to KV_PAD_CELLS)."""
+        included (llama.cpp attends over its used cells rounded up to KV_PAD_CELLS), plus
+        `redecoded` tokens that others must decode again after it."""
         assert self.break_even_cells is not None
-        end = (0 if plan.wipe else self.top) + len(plan.rows)
+        rows = len(plan.rows) + redecoded
+        end = (0 if plan.wipe else self.top) + rows
         attended = KV_PAD_CELLS * -(-end // KV_PAD_CELLS)
-        return len(plan.rows) * (1 + attended / self.break_even_cells)
+        return rows * (1 + attended / self.break_even_cells)
 
     def reserve(self) -> int:
         """A sequence id held outside passes (a generation) until `release`."""

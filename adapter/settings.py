@@ -88,8 +88,9 @@ class Settings:
     @property
     def kv_cells(self) -> int:
         """KV cache size: a full prompt and its label continuations, with room to spare; the
-        arena of resident prefixes and batched passes stays far smaller (adapter.engine).
-        At least 256: llama.cpp needs a cell per sequence id."""
+        arena of resident prefixes and passes is wiped well before it fills whenever that
+        is cheaper than attending over it (adapter.kv_layout). At least 256: llama.cpp
+        needs a cell per sequence id."""
         return max(2 * self.max_tokens, 256)
 
     @property

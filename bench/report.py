@@ -424,8 +424,8 @@ def _brief(level: Level) -> dict[str, Any]:
 
 def zero_error_throughput(clients: int) -> dict[str, float]:
     """What 0 non-200 answers at `clients` asks of the server: a closed loop keeps every
-    client's request waiting, so each pass must clear `clients` requests within the
-    default queue timeout."""
+    client's request waiting, so the server must answer `clients` requests within the
+    default queue timeout (the runs use the default)."""
     queue_timeout = Settings().queue_timeout_seconds
     return {
         "queue_timeout_seconds": queue_timeout,

@@ -142,3 +142,30 @@ def test_scoring_finishes_while_a_long_chat_runs(tiny: LoadedModel) -> None:
         chat.join()
     finally:
         service.close(30)
+
+
+def test_a_wipe_between_chat_steps_makes_the_chat_read_its_context_again(
+    tiny_gguf: Path,
+) -> None:
+    """A scoring pass that wipes the arena also clears the chat's cells; the chat must
+    decode its context again, not go on from an empty sequence."""
+    model = open_test_model(tiny_gguf, kv_cells=512)
+    engine = model.engine
+    rng = random.Random(7)
+    prompt = [rng.randrange(3, 200) for _ in range(120)]
+    try:
+        alone = engine.generate(prompt, max_new_tokens=24, sampling=Sampling())
+        engine.reset()
+        run = engine.start_generation(prompt, max_new_tokens=24, sampling=Sampling())
+        try:
+            for _ in range(8):
+                assert not run.step()
+            (_, timing) = engine.score([[rng.randrange(3, 200) for _ in range(420)]])
+            assert timing.wiped  # 420 rows do not fit above the chat's ~130 cells
+            while not run.step():
+                pass
+        finally:
+            run.close()
+        assert run.result().text == alone.text
+    finally:
+        engine.close()

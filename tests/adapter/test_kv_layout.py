@@ -130,3 +130,12 @@ def test_without_a_break_even_the_arena_is_wiped_only_when_full() -> None:
     for state in range(20):
         plan = _run(cache, [([1000 + 300 * state + i for i in range(250)], [])])
         assert not plan.wipe
+
+
+def test_a_running_chat_context_counts_in_the_price_of_a_wipe() -> None:
+    cache = PrefixCache(8192, alignment=16, max_entries=64, break_even_cells=3000.0)
+    for state in range(3):
+        _run(cache, [([1000 + 300 * state + i for i in range(250)], [])])
+    new_state: list[Prompt] = [([5000 + i for i in range(250)], [])]
+    assert cache.plan(new_state).wipe  # nothing held: re-decoding nothing is cheap
+    assert not cache.plan(new_state, held_tokens=400).wipe  # a chat would re-read 400

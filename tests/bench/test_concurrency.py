@@ -106,6 +106,15 @@ def test_level_throughput_counts_answers_over_the_whole_wall_time() -> None:
     assert level.share_with_all_options_in_top_tokens is None
 
 
+def test_answers_after_the_invocation_limit_are_counted_apart() -> None:
+    """A 200 after SageMaker's 60 s never reaches the caller: the level says how many."""
+    level = summarize_level(
+        3, [sample(0.0, 59.9), sample(0.0, 60.5), sample(0.0, 161.0), sample(0.0, 70.0, 503)]
+    )
+    assert level.ok == 3
+    assert level.ok_past_invocation_limit == 2  # the 503 is a non-200, not counted twice
+
+
 def test_older_servers_without_batch_fields_still_summarize() -> None:
     level = summarize_level(1, [sample(0.0, 1.0), sample(1.0, 1.0)])
     assert level.queue_seconds is None
