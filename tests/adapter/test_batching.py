@@ -107,12 +107,17 @@ def test_a_full_queue_is_retryable(tiny: LoadedModel) -> None:
     try:
         chat = _long_chat(service)
         refused: list[UnavailableError] = []
-        for _ in range(50):
+
+        def decide(index: int) -> None:
             try:
-                threading.Thread(target=service.decide, args=([_decision(0)], "single")).start()
-                service.decide([_decision(1)], "single")
+                service.decide([_decision(index)], "single")
             except UnavailableError as error:
                 refused.append(error)
+
+        for _ in range(50):
+            threading.Thread(target=decide, args=(0,)).start()  # either one may be refused
+            decide(1)
+            if refused:
                 break
         assert refused
         assert refused[0].retryable
