@@ -541,7 +541,7 @@ class LlamaEngine:
 
     def _run_pass(self, plan: PassPlan) -> dict[int, npt.NDArray[np.float32]]:
         """Execute a pass plan: evictions, prefix copies, one decode, then drop the rows
-        that are not kept. Returns the logits of every row that asked for them."""
+        that are not kept. Returns the logits of every row a prompt reads."""
         if plan.wipe:
             llama_cpp.llama_memory_clear(self._memory, True)
             if self._generation is not None:
@@ -561,14 +561,7 @@ class LlamaEngine:
                 )
             batch.n_tokens = len(rows)
             self._decode(batch)
-            wanted = sorted(
-                {
-                    row
-                    for prompt in plan.prompts
-                    for row in (prompt.last_row, *prompt.continuation_rows)
-                }
-            )
-            outputs = {row: self._logits(row) for row in wanted}
+            outputs = {row: self._logits(row) for row in plan.output_rows}
             if plan.kept_pads:  # pads below kept rows stay occupied: no hole for the next pass
                 llama_cpp.llama_memory_seq_cp(
                     self._memory, PAD_SEQUENCE, JUNK_SEQUENCE, 0, plan.kept_pads

@@ -81,6 +81,12 @@ class PassPlan:
     kept_pads: int  # PAD positions [0, kept_pads) lie below `kept_top`: relabelled to JUNK
 
     @property
+    def output_rows(self) -> list[int]:
+        """The rows whose logits the prompts read (a spare output row is not one)."""
+        rows = {row for p in self.prompts for row in (p.last_row, *p.continuation_rows)}
+        return sorted(rows)
+
+    @property
     def pad_rows(self) -> int:
         return sum(1 for row in self.rows if row.sequences[0] == PAD_SEQUENCE)
 

@@ -167,7 +167,7 @@ def shared_state(service: DecisionService, decisions: Sequence[Decision]) -> dic
     # Decoded once, whatever the passes: each further prompt saves its state, less the
     # block or two the exact layout re-decodes where prompts diverge.
     saved = timing["input_tokens"] - timing["evaluated_tokens"]
-    block = max(service.engine.cache.alignment, 1)
+    block = service.engine.cache.alignment
     least = (len(decisions) - 1) * (state_tokens - 2 * block)
     require(saved >= least, f"only {saved} tokens decoded once for all (at least {least})")
     _require_distributions(shared)
@@ -194,11 +194,7 @@ def prefix_reuse(service: DecisionService, first: Decision, second: Decision) ->
     require(reused > len(engine.tokenize(second.state_text)), f"only {reused} tokens reused")
     require(evaluated < tokens / 3, f"{evaluated} of {tokens} tokens evaluated")
     repeat = service.decide([second], "single")
-    # Fully resident: only its last block is decoded again (exact layout, adapter.kv_layout).
-    block = max(engine.cache.alignment, 1)
-    require(
-        1 <= repeat["timing"]["evaluated_tokens"] <= block, "a repeated prompt was re-evaluated"
-    )
+    _require_only_last_block_again(repeat["timing"], engine.cache.alignment)
     engine.reset()
     cold = service.decide([second], "single")
     difference = max(
@@ -242,9 +238,14 @@ def http_prefix_reuse(client: Invoker, first: Decision, second: Decision) -> dic
     evaluated = warm["timing"]["evaluated_tokens"]
     require(evaluated < tokens / 3, f"{evaluated} of {tokens} tokens evaluated")
     repeat: dict[str, Any] = client.invoke(single_body(second))
-    # Fully resident: only its last block is decoded again (exact layout, adapter.kv_layout).
-    block = max(int(repeat["model"]["serving"]["kv_alignment"]), 1)
-    require(
-        1 <= repeat["timing"]["evaluated_tokens"] <= block, "a repeated prompt was re-evaluated"
+    _require_only_last_block_again(
+        repeat["timing"], int(repeat["model"]["serving"]["kv_alignment"])
     )
     return {"input_tokens": tokens, "evaluated_tokens": evaluated}
+
+
+def _require_only_last_block_again(timing: dict[str, Any], block: int) -> None:
+    """A fully resident prompt asked again decodes only its last block (exact layout,
+    adapter.kv_layout), never the whole prompt."""
+    evaluated = timing["evaluated_tokens"]
+    require(1 <= evaluated <= block, f"a repeated prompt was re-evaluated ({evaluated} tokens)")

@@ -104,7 +104,7 @@ def test_no_micro_batch_has_a_single_output_row() -> None:
         for start in range(0, len(plan.rows), UBATCH_ROWS):
             outputs = sum(row.logits for row in plan.rows[start : start + UBATCH_ROWS])
             assert outputs != 1, (len(prompts), start)
-        named = {row for p in plan.prompts for row in (p.last_row, *p.continuation_rows)}
+        named = set(plan.output_rows)
         marked = {index for index, row in enumerate(plan.rows) if row.logits}
         assert named <= marked
         assert len(marked - named) == spares
