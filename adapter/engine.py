@@ -1,16 +1,16 @@
 """One llama.cpp model and context that scores prompts by their last-position logits.
 
+The KV cache is one stream per sequence (adapter/kv_layout.py plans where every token goes).
 Two kinds of reuse make scoring cheap:
-- across calls, sequence 0 keeps the previous prompt's KV cache and only the tokens after
-  the longest common prefix are evaluated;
-- within one call, the prompts' common prefix is evaluated once into sequence 0, then
-  copied into one branch sequence per prompt (a metadata copy in the unified KV cache) and
-  every branch's suffix is decoded in one batch.
+- across calls, every stream keeps the last prompt decoded into it, and a new prompt starts
+  from the stream sharing its longest prefix (a copy of that prefix into its own stream);
+- within one call, what several prompts share beyond that (a state asked several questions)
+  is decoded once and copied to each before their own tokens are decoded together.
 A prompt may also ask for the logits after some continuation tokens (a two-token answer
-label needs P(second | first)): its suffix is decoded into one extra sequence per
-continuation, each with that token appended, so those logits come out of the same decode.
-Scoring generates nothing; `generate` (chat) samples tokens into sequence 0 and keeps them
-for prefix reuse. The engine is not thread-safe: callers hold its lock.
+label needs P(second | first)): each continuation is one more sequence, the prompt with that
+token appended, decoded in the same pass. Scoring generates nothing; `generate` (chat)
+samples tokens into a stream of its own. The engine is not thread-safe: its one caller is
+the scheduler's worker.
 
 Prompts mix template text with text from requests. `tokenize_prompt` turns control-token
 texts (`<|im_start|>`, ...) into control tokens only where the template wrote them: text
@@ -41,30 +41,16 @@ import llama_cpp._logger
 import numpy as np
 import numpy.typing as npt
 
-from adapter.kv_layout import (
-    FIRST_FREE_SEQUENCE,
-    JUNK_SEQUENCE,
-    MAX_SEQUENCES,
-    PAD_SEQUENCE,
-    UBATCH_ROWS,
-    PassPlan,
-    PrefixCache,
-)
+from adapter.kv_layout import UBATCH_ROWS, Copy, PassPlan, Row, StreamCache
 
 _ALL_LAYERS = 1_000_000
-# Resident prefixes kept between passes; the other sequence ids serve a pass's prompts, label
-# continuations and one generation.
-RESIDENT_PREFIXES = 64
-
-
-# The block (in cells) that makes CPU attention sums independent of the layout. The f16/f32
-# dot kernels keep 4 accumulators of 8 (AVX2, NEON) or 16 (AVX-512) lanes and reduce them
-# pairwise ((0+2) + (1+3)), a tree that rotating the accumulators leaves exact; softmax sums
-# groups of 8 or 16. Measured on AVX-512: offsets of 16 are bit-identical, 8 are not. See
-# adapter/kv_layout.py.
-EXACT_ALIGNMENT = 16
+# KV streams: each holds one sequence of up to `stream_cells` tokens. A pass decodes at most
+# all but one of them (one is kept for a generation); a question with letter-digit labels
+# needs 27 (its prompt and one continuation per first letter).
+KV_STREAMS = 32
+KV_PAD_CELLS = 256  # llama.cpp rounds a stream's size up to this
 # Rows one pass takes: enough to share a template and a state across many prompts, few
-# enough that a pass's attention over its own rows stays below its weights' cost.
+# enough that a request waiting behind a pass is not kept long.
 PASS_ROWS = 1024
 
 
@@ -129,15 +115,15 @@ class PromptScore:
 
 @dataclass(frozen=True)
 class BatchTiming:
-    """What one pass cost: tokens reused from resident prefixes, rows decoded (shared
-    tokens once), pad rows spent on the exact layout, and the time."""
+    """What one pass cost: tokens reused from resident streams, rows decoded (shared tokens
+    once), of those the rows decoded again only because the exact path stops reuse short
+    (`pad_tokens`), and the time."""
 
     input_tokens: int
     reused_tokens: int
     evaluated_tokens: int
     pad_tokens: int
     seconds: float
-    wiped: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,13 +159,13 @@ def _first_stop(text: str, stop: Sequence[str], scanned: int) -> int | None:
     return min(hits) if hits else None
 
 
-def require_unified_kv_binding() -> None:
-    """Refuse a binding that cannot express a unified multi-sequence KV cache.
+def require_kv_stream_binding() -> None:
+    """Refuse a binding that cannot ask for one KV stream per sequence.
 
     Setting an unknown field on a ctypes structure silently creates a Python attribute, so
-    an older binding would give each branch sequence 1/n of the cache and fail later, deep
-    inside a request. The images build the binding from a pinned commit; this turns an ABI
-    mismatch into a start error that names the cause.
+    an older binding would ignore `kv_unified` and the streams, and scoring would fail later,
+    deep inside a request. The images build the binding from a pinned commit; this turns an
+    ABI mismatch into a start error that names the cause.
     """
     fields = {name for name, *_ in llama_cpp.llama_context_params._fields_}
     missing = [name for name in ("kv_unified", "n_seq_max") if name not in fields]
@@ -191,7 +177,7 @@ def require_unified_kv_binding() -> None:
     if missing:
         raise ModelLoadError(
             f"the llama-cpp-python binding lacks {', '.join(missing)}; it must match a "
-            "llama.cpp with the llama_memory_* API and unified KV caches"
+            "llama.cpp with the llama_memory_* API and per-sequence KV streams"
         )
 
 
@@ -214,10 +200,6 @@ def read_weights_into_memory(params: llama_cpp.llama_model_params) -> None:
         )
 
 
-class _ContextEvictedError(Exception):
-    """The arena was full under a generation: it was wiped, and the context is re-read."""
-
-
 class LlamaEngine:
     """Owns the native model and context; frees both on close()."""
 
@@ -225,7 +207,7 @@ class LlamaEngine:
         self,
         gguf: Path,
         *,
-        kv_cells: int,
+        stream_cells: int,
         max_branches: int,
         threads: int | None,
         n_gpu_layers: int,
@@ -233,11 +215,10 @@ class LlamaEngine:
         exact: bool = True,
         cancel: threading.Event | None = None,
     ) -> None:
-        require_unified_kv_binding()
-        if kv_cells < MAX_SEQUENCES:  # llama.cpp aborts on a context smaller than n_seq_max
-            raise ModelLoadError(
-                f"the KV cache needs at least {MAX_SEQUENCES} cells, not {kv_cells}"
-            )
+        require_kv_stream_binding()
+        if stream_cells < 1:
+            raise ModelLoadError(f"a KV stream needs at least one cell, not {stream_cells}")
+        stream_cells = KV_PAD_CELLS * -(-stream_cells // KV_PAD_CELLS)
         llama_cpp._logger.set_verbose(False)  # native INFO chatter off; errors still print
         llama_cpp.llama_backend_init()
         self._cancel = cancel or threading.Event()
@@ -258,15 +239,13 @@ class LlamaEngine:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.special_tokens = self._special_tokens()
         context_params = llama_cpp.llama_context_default_params()
-        context_params.n_ctx = kv_cells
-        context_params.n_batch = kv_cells
-        context_params.n_ubatch = min(UBATCH_ROWS, kv_cells)
-        # Sequence ids: JUNK, PAD, resident prefixes, one generation, the rest per pass.
-        spare = MAX_SEQUENCES - FIRST_FREE_SEQUENCE - RESIDENT_PREFIXES - 1
-        self.max_branches = max(1, min(max_branches, spare))
-        context_params.n_seq_max = MAX_SEQUENCES
-        context_params.kv_unified = True
-        # Flash attention sums in tiles whose bounds move with the layout: off when exact.
+        context_params.n_ctx = KV_STREAMS * stream_cells
+        context_params.n_batch = UBATCH_ROWS  # the plan decodes one micro-batch per call
+        context_params.n_ubatch = UBATCH_ROWS
+        self.max_branches = max(1, min(max_branches, KV_STREAMS - 1))
+        context_params.n_seq_max = KV_STREAMS
+        context_params.kv_unified = False  # a stream per sequence: a row attends to its own
+        # Flash attention's CPU kernel picks its summation path by row count: off when exact.
         context_params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
             if exact
@@ -278,34 +257,19 @@ class LlamaEngine:
         self._context = llama_cpp.llama_init_from_model(self._model, context_params)
         if not self._context:
             llama_cpp.llama_model_free(self._model)
-            raise ModelLoadError(f"llama.cpp could not create a context of {kv_cells} cells")
+            raise ModelLoadError(
+                f"llama.cpp could not create {KV_STREAMS} KV streams of {stream_cells} cells"
+            )
         self._memory = llama_cpp.llama_get_memory(self._context)
-        self.kv_cells = kv_cells
+        self.stream_cells = stream_cells
         self.threads = n_threads
         self.prefix_reuse = prefix_reuse
         self.exact = exact
-        self.cache = PrefixCache(
-            kv_cells,
-            alignment=EXACT_ALIGNMENT if exact else 1,
-            max_entries=RESIDENT_PREFIXES,
-            break_even_cells=self._attention_break_even(),
-        )
-        self.pass_rows = min(PASS_ROWS, kv_cells)
+        self.cache = StreamCache(KV_STREAMS, stream_cells, exact=exact)
+        self.pass_rows = PASS_ROWS
         self._generation: GenerationRun | None = None
 
     # -- model facts ---------------------------------------------------------------------
-
-    def _attention_break_even(self) -> float:
-        """Cells at which one row's attention costs as much as its weights: per row the
-        weights take 2 flops per parameter outside the embedding (the output head runs on
-        output rows only), attention 4 per layer, cell and embedding dimension (scores and
-        values). SmolLM2-135M: 3,073; measured on this CPU without flash attention, 2,929.
-        A model whose output head is not its embedding counts the head once more here, so
-        its price of a cell comes out lower and its arena is wiped a little later."""
-        n_embd = int(llama_cpp.llama_model_n_embd(self._model))
-        n_layer = int(llama_cpp.llama_model_n_layer(self._model))
-        weights = int(llama_cpp.llama_model_n_params(self._model)) - self.n_vocab * n_embd
-        return max(weights, n_embd) / (2 * n_layer * n_embd)
 
     def chat_template_source(self) -> str:
         """The GGUF's chat template; decision prompts are rendered with it, so it is required."""
@@ -451,14 +415,12 @@ class LlamaEngine:
         return {
             "n_vocab": self.n_vocab,
             "n_ctx_train": int(llama_cpp.llama_model_n_ctx_train(self._model)),
-            "kv_cells": self.kv_cells,
+            "kv_streams": KV_STREAMS,
+            "stream_cells": self.stream_cells,
             "max_branches": self.max_branches,
             "threads": self.threads,
             "prefix_reuse": self.prefix_reuse,
-            "resident_prefixes": RESIDENT_PREFIXES,
-            "attention_break_even_cells": round(self.cache.break_even_cells or 0),
             "exact_scoring": self.exact,
-            "kv_alignment": self.cache.alignment,
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
         }
 
@@ -485,9 +447,11 @@ class LlamaEngine:
         longest = max(
             len(prompt) + len(tokens) for prompt, tokens in zip(prompts, extra, strict=True)
         )
-        if longest > self.kv_cells:
+        if longest > self.stream_cells:
             # Checked before any decode: llama.cpp aborts the process on an oversized batch.
-            raise CapacityError(f"a prompt needs {longest} KV cells; the cache has {self.kv_cells}")
+            raise CapacityError(
+                f"a prompt needs {longest} KV cells; a stream has {self.stream_cells}"
+            )
         distinct: dict[tuple[int, ...], set[int]] = {}
         for prompt, tokens in zip(prompts, extra, strict=True):
             distinct.setdefault(tuple(prompt), set()).update(tokens)
@@ -503,14 +467,14 @@ class LlamaEngine:
         try:
             self._check_cancel()
             try:
-                plan = self.cache.plan(unique, held_tokens=self._held_tokens())
+                plan = self.cache.plan(unique)
             except OverflowError as error:
                 raise CapacityError(str(error)) from None
             outputs = self._run_pass(plan)
         except BaseException:
-            self.reset()  # whatever failed, the arena no longer matches the plan
+            self.reset()  # whatever failed, the streams no longer match the plan
             raise
-        self.cache.commit(plan, unique)
+        self.cache.commit(plan)
         by_prompt = {}
         for (prompt, tokens), prompt_plan in zip(unique, plan.prompts, strict=True):
             by_prompt[prompt] = PromptScore(
@@ -527,50 +491,57 @@ class LlamaEngine:
         timing = BatchTiming(
             input_tokens=sum(len(prompt) for prompt in prompts),
             reused_tokens=sum(prompt_plan.reused for prompt_plan in plan.prompts),
-            evaluated_tokens=len(plan.rows) - plan.pad_rows,
-            pad_tokens=plan.pad_rows,
+            evaluated_tokens=len(plan.rows),
+            pad_tokens=plan.redecoded,
             seconds=time.perf_counter() - started,
-            wiped=plan.wipe,
         )
         return scores, timing
 
-    def _held_tokens(self) -> int:
-        """Tokens a wipe would make a running chat decode again (its context in the cache)."""
-        run = self._generation
-        return 0 if run is None or run.evicted else run.decoded
-
     def _run_pass(self, plan: PassPlan) -> dict[int, npt.NDArray[np.float32]]:
-        """Execute a pass plan: evictions, prefix copies, one decode, then drop the rows
-        that are not kept. Returns the logits of every row a prompt reads."""
-        if plan.wipe:
-            llama_cpp.llama_memory_clear(self._memory, True)
-            if self._generation is not None:
-                self._generation.evicted = True  # its next step re-reads the context
-        for seq in plan.junk:
-            llama_cpp.llama_memory_seq_cp(self._memory, seq, JUNK_SEQUENCE, -1, -1)
-            llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
-        for source, target, length in plan.copies:
-            llama_cpp.llama_memory_seq_cp(self._memory, source, target, 0, length)
-        rows = plan.rows
-        widest = max(len(row.sequences) for row in rows)
-        batch = llama_cpp.llama_batch_init(len(rows), 0, widest)
+        """Execute a pass plan step by step: copies and cuts, then one decode per
+        micro-batch. Returns the logits of every row a prompt reads."""
+        wanted = set(plan.output_rows)
+        outputs: dict[int, npt.NDArray[np.float32]] = {}
+        first_row = 0
+        for step in plan.steps:
+            for copy in step.copies:
+                self._take(copy)
+            for rows in step.micro_batches:
+                self._check_cancel()
+                self._decode_rows(rows)
+                for index in range(len(rows)):
+                    if first_row + index in wanted:
+                        outputs[first_row + index] = self._logits(index)
+                first_row += len(rows)
+        for seq in plan.released:
+            self._remove(seq, 0)
+        return outputs
+
+    def _take(self, copy: Copy) -> None:
+        """A stream takes another's first `keep` cells (a whole-stream copy, then a cut)."""
+        if copy.source is not None:
+            llama_cpp.llama_memory_seq_cp(self._memory, copy.source, copy.target, -1, -1)
+        self._remove(copy.target, copy.keep)
+
+    def _remove(self, seq: int, keep: int) -> None:
+        """Drop a stream's cells from position `keep` on. A model whose memory cannot drop a
+        sequence's tail (recurrent or hybrid layers) refuses; reusing a prefix there would
+        give wrong logits, so this fails instead."""
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq, keep if keep > 0 else -1, -1):
+            raise NativeFailureError(
+                f"llama.cpp could not drop sequence {seq} from position {keep}: this model's "
+                "memory cannot keep a prefix (recurrent layers)"
+            )
+
+    def _decode_rows(self, rows: Sequence[Row]) -> None:
+        batch = llama_cpp.llama_batch_init(len(rows), 0, 1)
         try:
             for index, row in enumerate(rows):
-                self._put(
-                    batch, index, row.token, row.position, row.sequences, wants_logits=row.logits
-                )
+                self._put(batch, index, row.token, row.position, [row.seq], wants_logits=row.logits)
             batch.n_tokens = len(rows)
             self._decode(batch)
-            outputs = {row: self._logits(row) for row in plan.output_rows}
-            if plan.kept_pads:  # pads below kept rows stay occupied: no hole for the next pass
-                llama_cpp.llama_memory_seq_cp(
-                    self._memory, PAD_SEQUENCE, JUNK_SEQUENCE, 0, plan.kept_pads
-                )
-            return outputs
         finally:
             llama_cpp.llama_batch_free(batch)
-            for seq in plan.temporary:
-                llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
 
     def _logits(self, row: int) -> npt.NDArray[np.float32]:
         pointer = llama_cpp.llama_get_logits_ith(self._context, row)
@@ -584,8 +555,9 @@ class LlamaEngine:
 
     def reset(self) -> None:
         """Forget every cached token (after a failure, or to measure without reuse). A
-        generation in progress re-reads its context at its next step."""
-        llama_cpp.llama_memory_clear(self._memory, True)
+        generation in progress re-reads its context at its next step. The cells' data stays:
+        attention weighs a cell no sequence holds by exactly 0."""
+        llama_cpp.llama_memory_clear(self._memory, False)
         self.cache.clear()
         if self._generation is not None:
             self._generation.evicted = True
@@ -605,10 +577,10 @@ class LlamaEngine:
         steps. One generation at a time."""
         if not prompt or max_new_tokens < 1:
             raise ValueError("generation needs a prompt and at least one new token")
-        if len(prompt) + max_new_tokens > self.kv_cells:
+        if len(prompt) + max_new_tokens > self.stream_cells:
             raise CapacityError(
                 f"{len(prompt)} prompt tokens plus {max_new_tokens} new tokens need more KV "
-                f"cells than the cache has ({self.kv_cells})"
+                f"cells than a stream has ({self.stream_cells})"
             )
         if self._generation is not None:
             raise RuntimeError("a generation is already running")
@@ -636,20 +608,15 @@ class LlamaEngine:
         return run.result()
 
     def _decode_context(self, seq: int, tokens: Sequence[int], start: int) -> None:
-        """Decode tokens[start:] into `seq` (logits for the last), growing the arena."""
-        if self.cache.top + len(tokens) - start > self.kv_cells:
-            self.reset()
-            raise _ContextEvictedError
-        batch = llama_cpp.llama_batch_init(len(tokens) - start, 0, 1)
-        try:
-            for offset, token in enumerate(tokens[start:]):
-                last = start + offset == len(tokens) - 1
-                self._put(batch, offset, token, start + offset, [seq], wants_logits=last)
-            batch.n_tokens = len(tokens) - start
-            self._decode(batch)
-        finally:
-            llama_cpp.llama_batch_free(batch)
-        self.cache.top += len(tokens) - start
+        """Decode tokens[start:] into `seq`, a micro-batch at a time (logits for the last)."""
+        last = len(tokens) - 1
+        for begin in range(start, len(tokens), UBATCH_ROWS):
+            self._decode_rows(
+                [
+                    Row(int(tokens[position]), position, seq, position == last)
+                    for position in range(begin, min(begin + UBATCH_ROWS, len(tokens)))
+                ]
+            )
 
     @staticmethod
     def _sampler(sampling: Sampling) -> llama_cpp.llama_sampler_p:
@@ -705,9 +672,10 @@ class GenerationRun:
     """One chat generation, a token per `step`, in a sequence of its own.
 
     Sampling reads the logits of the last decode, so each step decodes the previous token
-    and samples the next at once; scoring passes may run between steps. Its cells join the
-    arena as they are decoded and stay there (relabelled to JUNK) after `close`; if the
-    arena is wiped meanwhile, the next step re-reads the whole context.
+    and samples the next at once; scoring passes may run between steps, and never touch its
+    stream. It starts from a copy of the stream sharing its longest prefix; its own stream is
+    emptied at `close` (one-row decodes round differently, so scoring never reuses it). After
+    `reset` (a failed pass) the next step re-reads the whole context.
     """
 
     def __init__(
@@ -739,10 +707,7 @@ class GenerationRun:
             return True
         engine = self._engine
         engine._check_cancel()
-        try:
-            self._catch_up()
-        except _ContextEvictedError:
-            self._catch_up()  # the wipe made room: the whole context fits now
+        self._catch_up()
         assert self._sampler is not None  # set until close()
         token = int(llama_cpp.llama_sampler_sample(self._sampler, engine._context, -1))
         if llama_cpp.llama_vocab_is_eog(engine._vocab, token):
@@ -762,10 +727,8 @@ class GenerationRun:
     def _catch_up(self) -> None:
         engine = self._engine
         if self.evicted:
-            llama_cpp.llama_memory_seq_rm(engine._memory, self._seq, -1, -1)
             base, length = engine.cache.longest_match(self._context[:-1])
-            if base is not None and length > 0:
-                llama_cpp.llama_memory_seq_cp(engine._memory, base, self._seq, 0, length)
+            engine._take(Copy(base if length > 0 else None, self._seq, length))
             if self.reused_tokens < 0:
                 self.reused_tokens = length
             self.decoded = length
@@ -779,14 +742,13 @@ class GenerationRun:
         return True
 
     def close(self) -> None:
-        """Free the sampler and the sequence id; the cells stay occupied (as JUNK)."""
+        """Free the sampler and empty the stream."""
         engine = self._engine
         if self._sampler is not None:
             llama_cpp.llama_sampler_free(self._sampler)
             self._sampler = None
         if engine._context:
-            llama_cpp.llama_memory_seq_cp(engine._memory, self._seq, JUNK_SEQUENCE, -1, -1)
-            llama_cpp.llama_memory_seq_rm(engine._memory, self._seq, -1, -1)
+            engine._remove(self._seq, 0)
         engine.cache.release(self._seq)
         engine._generation = None
 

@@ -1,24 +1,25 @@
 """Where every token of a scoring pass goes in the KV cache, so results never depend on history.
 
-Measured on the embedded model (docs/adapter.md, "Exact scoring"): the same prompt's letter
-logits move by up to 0.9 when its cells sit at another offset in the cache, because the
-CPU kernels that sum attention over cells accumulate by cell index modulo the SIMD width,
-and the quantized model amplifies that rounding. They are bit-identical when (a) each of a
-sequence's tokens sits in a cell congruent to its position modulo `alignment` and (b) a
-sequence's cells are in position order. This module plans passes that keep both true:
+The cache is one stream per sequence (llama.cpp's `kv_unified = false`): stream s holds
+sequence s, its cell i holds position i, and a row attends over its own stream only, so a
+pass costs its rows and never the other prompts' cells. Measured on the embedded model and
+the f32 test model (docs/adapter.md, "Exact scoring"), a prompt's logits are then
+bit-identical whatever the streams held before and whatever else rode in the pass, provided
+(a) a sequence decodes at least `MIN_ROWS` rows in every micro-batch it is in (one row per
+stream takes the matrix-vector kernels, which round differently), and (b) no micro-batch has
+exactly one output row (llama.cpp runs the last layer and the output head over output rows
+only; one row takes those kernels too). This module plans passes that keep both true:
 
-- The cache is an append-only arena: occupied cells are exactly [0, top) and llama.cpp
-  places the next batch's tokens at top, top+1, ... in batch order (its slot search starts
-  at the head, which removals only ever move back to `top`).
-- Resident prefixes (`Entry`, one sequence each) are never freed in the middle: an evicted
-  entry's cells are relabelled to the JUNK sequence and stay occupied, and the arena is
-  wiped when a pass no longer fits above `top`, or when re-decoding what it would reuse
-  costs less than attending over the arena (`PrefixCache._cost`).
-- A pass decodes the prompts' new tokens as a trie (shared tokens once, carrying every
-  sequence below them), each segment preceded by pad tokens that bring the next cell to
-  the segment's first position modulo `alignment`. Segments that become resident come
-  first; rows thrown away after the pass (re-scored last tokens, label continuations) and
-  their pads come last, so removing them leaves [0, top) intact.
+- Every stream holds one resident prompt. A new prompt starts from the stream sharing its
+  longest prefix, at most all but `MIN_ROWS` tokens of it. It is decoded into another stream
+  (an empty one, else the least recently used that no prompt of the pass reads from), after a
+  whole-stream copy of that prefix; the prefix it was read from stays resident.
+- Prompts of one pass that share more with each other than with any stream (one state asked
+  several questions, a prompt and its label continuations) decode that stem once, in a first
+  step; it is copied to the others before the second step decodes what each has left.
+- A step's rows are cut into the micro-batches llama.cpp's equal split makes of them
+  (consecutive stream ids, the same number of rows each), so the plan knows every micro-batch
+  and can hold (a) and (b).
 
 Pure bookkeeping: the engine executes the plan with llama.cpp.
 """
@@ -27,58 +28,67 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 import numpy as np
 
-JUNK_SEQUENCE = 0  # cells of evicted entries and of pads below resident segments
-PAD_SEQUENCE = 1  # every pad of a pass, at positions 0, 1, ... (llama.cpp wants them consecutive)
-FIRST_FREE_SEQUENCE = 2
-MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
-UBATCH_ROWS = 512  # the context's n_ubatch: llama.cpp splits a batch into runs of this many
-KV_PAD_CELLS = 256  # llama.cpp attends over the used cells rounded up to this
+UBATCH_ROWS = 512  # the context's n_ubatch: the engine decodes one micro-batch per call
+MIN_ROWS = 2  # rows a sequence decodes per micro-batch on the exact path
+STEM_MIN_SHARED = 16  # tokens a stem must save per prompt to be worth a step of its own
 
-
-@dataclass
-class Entry:
-    """A resident prefix: sequence `seq` holds `tokens` at positions 0..len-1."""
-
-    seq: int
-    tokens: np.ndarray
-    last_used: int
+Prompt = tuple[Sequence[int], Sequence[int]]  # tokens and the continuation tokens after them
 
 
 @dataclass(frozen=True)
 class Row:
     token: int
     position: int
-    sequences: tuple[int, ...]
+    seq: int
     logits: bool
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Before a step: stream `target` takes the first `keep` cells of stream `source`
+    (`source` None: it is only cut to `keep`, which may be 0)."""
+
+    source: int | None
+    target: int
+    keep: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """Copies and cuts (copies first), then one llama_decode per micro-batch."""
+
+    copies: tuple[Copy, ...]
+    micro_batches: tuple[tuple[Row, ...], ...]
 
 
 @dataclass(frozen=True)
 class PromptPlan:
     """How one distinct prompt is scored: its output rows and what was reused."""
 
-    reused: int  # tokens taken from a resident entry
+    reused: int  # tokens taken from a resident stream
     last_row: int
     continuation_rows: tuple[int, ...]
-    new_rows: frozenset[int]  # rows on its path decoded in this pass (pads excluded)
+    new_rows: frozenset[int]  # rows on its path decoded in this pass (its stem's too)
 
 
 @dataclass(frozen=True)
 class PassPlan:
     """Everything the engine does for one pass, in order."""
 
-    wipe: bool  # clear the whole cache first
-    junk: tuple[int, ...]  # entries to evict (relabel to JUNK) before the copies
-    copies: tuple[tuple[int, int, int], ...]  # (source seq, target seq, length) seq_cp
-    rows: tuple[Row, ...]
+    steps: tuple[Step, ...]
     prompts: tuple[PromptPlan, ...]
-    temporary: tuple[int, ...]  # sequences to remove after the decode (PAD included)
-    new_entries: tuple[tuple[int, int], ...]  # (seq, prompt index) resident afterwards
-    bases: tuple[int, ...]  # resident entries this pass reused (most recently used now)
-    kept_top: int  # `top` once the temporary rows are removed
-    kept_pads: int  # PAD positions [0, kept_pads) lie below `kept_top`: relabelled to JUNK
+    released: tuple[int, ...]  # streams emptied after the pass (label continuations)
+    redecoded: int  # rows decoded only because the exact path stops reuse short
+    resident: tuple[tuple[int, np.ndarray], ...]  # (stream, tokens) it holds afterwards
+    read: tuple[int, ...]  # streams its prompts took a prefix from (recently used now)
+
+    @property
+    def rows(self) -> list[Row]:
+        return [row for step in self.steps for batch in step.micro_batches for row in batch]
 
     @property
     def output_rows(self) -> list[int]:
@@ -86,45 +96,9 @@ class PassPlan:
         rows = {row for p in self.prompts for row in (p.last_row, *p.continuation_rows)}
         return sorted(rows)
 
-    @property
-    def pad_rows(self) -> int:
-        return sum(1 for row in self.rows if row.sequences[0] == PAD_SEQUENCE)
-
-
-@dataclass
-class _Prompt:
-    tokens: np.ndarray
-    continuations: tuple[int, ...]
-    base: Entry | None
-    reused: int
-    seq: int = -1
-    continuation_seqs: tuple[int, ...] = ()
-    resident_already: bool = False
-    last_row: int = -1
-    continuation_rows: tuple[int, ...] = ()
-    new_rows: set[int] = field(default_factory=set)
-
-    @property
-    def sequences(self) -> tuple[int, ...]:
-        return (self.seq, *self.continuation_seqs)
-
 
 def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
     return common_prefix(np.asarray(first), np.asarray(second))
-
-
-def longest_entry(tokens: np.ndarray, entries: dict[int, Entry]) -> tuple[Entry | None, int]:
-    """The entry sharing the longest prefix with `tokens` (on a tie, one holding exactly
-    `tokens`, then the lowest sequence id), and that length."""
-    best: Entry | None = None
-    best_key = (0, False)
-    for seq in sorted(entries):
-        entry = entries[seq]
-        length = common_prefix(tokens, entry.tokens)
-        key = (length, length == len(tokens) == len(entry.tokens))
-        if length > 0 and key > best_key:
-            best, best_key = entry, key
-    return best, best_key[0]
 
 
 def common_prefix(first: np.ndarray, second: np.ndarray) -> int:
@@ -135,294 +109,292 @@ def common_prefix(first: np.ndarray, second: np.ndarray) -> int:
     return int(differs[0]) if len(differs) else length
 
 
-class PrefixCache:
-    """The arena's state: resident entries, free sequence ids and the occupied top."""
+@dataclass
+class _Target:
+    """One sequence a pass decodes: a prompt, or a prompt with one continuation token."""
 
-    def __init__(
-        self,
-        cells: int,
-        *,
-        alignment: int,
-        max_entries: int,
-        break_even_cells: float | None = None,
-    ) -> None:
-        if alignment < 1 or cells < 1:
-            raise ValueError("cells and alignment must be positive")
-        if break_even_cells is not None and break_even_cells <= 0:
-            raise ValueError("break_even_cells must be positive")
+    tokens: np.ndarray
+    prompt: int
+    continuation: bool
+    source: int | None = None  # the stream sharing its longest prefix
+    shared: int = 0  # tokens in common with that stream
+    reused: int = 0  # of those, taken (whole blocks of the tail stay to decode)
+    stream: int = -1
+    rows: list[int] = field(default_factory=list)  # row ids on its path, stem included
+
+
+@dataclass
+class _Group:
+    """Targets decoded together: the leader decodes the stem once (from what it reuses),
+    the others copy it; a group of one is a target decoded alone."""
+
+    members: list[_Target]
+    leader: _Target
+    stem: int
+    common: int  # the members' common prefix, before the exact path stops it short
+
+
+class StreamCache:
+    """The streams' contents, free and reserved streams, and their recency."""
+
+    def __init__(self, streams: int, cells: int, *, exact: bool) -> None:
+        if streams < 2 or cells < 1:
+            raise ValueError("a stream cache needs two streams and one cell")
+        self.streams = streams
         self.cells = cells
-        # Every row attends over all cells up to the arena's top (without flash attention a
-        # masked cell costs as much as a used one): a row costs its weights times
-        # (1 + cells attended / break_even_cells). A pass wipes the arena when that makes it
-        # cheaper, re-decoding what it would have reused; None wipes only when full.
-        self.break_even_cells = break_even_cells
-        self.alignment = alignment
-        self.max_entries = max_entries
-        self.entries: dict[int, Entry] = {}
-        self.top = 0
+        self.min_rows = MIN_ROWS if exact else 1
+        self.held: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(streams)]
+        self.last_used = [0] * streams
+        self.reserved: set[int] = set()
         self.passes = 0
-        self._free = list(range(MAX_SEQUENCES - 1, FIRST_FREE_SEQUENCE - 1, -1))
+
+    @property
+    def capacity(self) -> int:
+        """Sequences one pass may decode (the streams not reserved)."""
+        return self.streams - len(self.reserved)
 
     def clear(self) -> None:
-        for seq in self.entries:
-            self._free.append(seq)
-        self.entries.clear()
-        self.top = 0
-
-    def plan(
-        self, prompts: Sequence[tuple[Sequence[int], Sequence[int]]], *, held_tokens: int = 0
-    ) -> PassPlan:
-        """Plan one pass over distinct prompts (each with its continuation tokens).
-        `held_tokens` are cached outside passes (a running chat's context): a wipe makes
-        their owner decode them again, so they count in the wipe's price."""
-        self.passes += 1
-        plan = self._plan(prompts, wipe=False)
-        if plan is None or (self.top > 0 and self.break_even_cells is not None):
-            fresh = self._plan(prompts, wipe=True)
-            if plan is None or (
-                fresh is not None and self._cost(fresh, held_tokens) < self._cost(plan)
-            ):
-                plan = fresh
-        if plan is None:
-            raise OverflowError(
-                f"the pass needs more than the cache's {self.cells} cells even when empty"
-            )
-        return plan
-
-    def _cost(self, plan: PassPlan, redecoded: int = 0) -> float:
-        """The pass's decode cost in rows' worth of weights, attention over the arena
-        included (llama.cpp attends over its used cells rounded up to KV_PAD_CELLS), plus
-        `redecoded` tokens that others must decode again after it."""
-        assert self.break_even_cells is not None
-        rows = len(plan.rows) + redecoded
-        end = (0 if plan.wipe else self.top) + rows
-        attended = KV_PAD_CELLS * -(-end // KV_PAD_CELLS)
-        return rows * (1 + attended / self.break_even_cells)
+        self.held = [np.empty(0, np.int64) for _ in range(self.streams)]
 
     def reserve(self) -> int:
-        """A sequence id held outside passes (a generation) until `release`."""
-        if not self._free:
-            raise OverflowError("no free sequence id")
-        return self._free.pop()
+        """A stream held outside passes (a generation) until `release`; it starts empty."""
+        free = self._pool(exclude=set())
+        if not free:
+            raise OverflowError("no free stream")
+        seq = free[0]
+        self.reserved.add(seq)
+        self.held[seq] = np.empty(0, np.int64)
+        return seq
 
     def release(self, seq: int) -> None:
-        self._free.append(seq)
+        self.reserved.discard(seq)
+        self.held[seq] = np.empty(0, np.int64)
 
     def longest_match(self, tokens: Sequence[int]) -> tuple[int | None, int]:
-        """The resident entry sharing the longest prefix with `tokens`, and its length."""
-        entry, length = longest_entry(np.asarray(tokens, dtype=np.int64), self.entries)
-        return (None if entry is None else entry.seq), length
+        """The unreserved stream sharing the longest prefix with `tokens`, and its length."""
+        return self._best(np.asarray(tokens, dtype=np.int64))
 
-    def commit(
-        self, plan: PassPlan, prompts: Sequence[tuple[Sequence[int], Sequence[int]]]
-    ) -> None:
-        """Record a pass that ran: new entries become resident, temporaries are free."""
-        if plan.wipe:
-            self.clear()
-        for seq in plan.junk:
-            self.entries.pop(seq)
-            self._free.append(seq)
-        for seq, index in plan.new_entries:
-            self._take(seq)
-            self.entries[seq] = Entry(seq, np.asarray(prompts[index][0]), self.passes)
-        for seq in plan.bases:
-            if seq in self.entries:
-                self.entries[seq].last_used = self.passes
-        self.top = plan.kept_top
+    def _best(self, tokens: np.ndarray) -> tuple[int | None, int]:
+        best: int | None = None
+        best_key = (0, 0)
+        for seq in range(self.streams):
+            if seq in self.reserved:
+                continue
+            length = common_prefix(tokens, self.held[seq])
+            key = (length, self.last_used[seq])  # on a tie, the most recently used
+            if length > 0 and key > best_key:
+                best, best_key = seq, key
+        return best, best_key[0]
 
-    def _take(self, seq: int) -> None:
-        if seq in self._free:
-            self._free.remove(seq)
+    def _pool(self, exclude: set[int]) -> list[int]:
+        """Streams a pass may overwrite: empty ones first, then least recently used."""
+        free = [s for s in range(self.streams) if s not in self.reserved and s not in exclude]
+        return sorted(free, key=lambda s: (len(self.held[s]) > 0, self.last_used[s], s))
 
-    def _plan(
-        self, raw: Sequence[tuple[Sequence[int], Sequence[int]]], *, wipe: bool
-    ) -> PassPlan | None:
-        entries = {} if wipe else dict(self.entries)
-        prompts = [self._match(tokens, conts, entries, self.alignment) for tokens, conts in raw]
-        bases = {p.base.seq for p in prompts if p.base is not None}
-        free = list(self._free) + ([] if not wipe else list(self.entries))
-        free.sort(reverse=True)
-        new_count = sum(1 for p in prompts if not p.resident_already)
-        needed = sum(1 + len(p.continuations) for p in prompts)
-        junk: list[int] = []
-        # Evict least recently used entries (never a base of this pass) for sequence ids
-        # and to stay within max_entries once this pass's prompts are resident.
-        victims = sorted(
-            (entry for seq, entry in entries.items() if seq not in bases),
-            key=lambda entry: entry.last_used,
-        )
-        while victims and (
-            len(free) < needed or len(entries) - len(junk) + new_count > self.max_entries
-        ):
-            victim = victims.pop(0)
-            junk.append(victim.seq)
-            free.append(victim.seq)
-        if len(free) < needed:
-            return None
-        allocate = iter(sorted(free))
-        for prompt in prompts:
-            prompt.seq = next(allocate)
-            prompt.continuation_seqs = tuple(next(allocate) for _ in prompt.continuations)
-        top = 0 if wipe else self.top
-        builder = _RowBuilder(top, self.alignment)
-        kept = [p for p in prompts if not p.resident_already]
-        builder.trie(kept)
-        kept_top, kept_pads = builder.cursor, builder.pads
-        for prompt in prompts:
-            if prompt.resident_already:
-                builder.scratch_last(prompt)
-            if prompt.continuations:
-                builder.continuations(prompt)
-        if len(builder.rows) % UBATCH_ROWS == 1:
-            builder.pad_row()  # a one-row ubatch runs another kernel (GEMV): other logits
-        builder.pair_outputs()
-        if builder.cursor > self.cells:
-            return None
-        copies = tuple(
-            (prompt.base.seq, seq, prompt.reused)
-            for prompt in prompts
-            if prompt.base is not None and prompt.reused > 0
-            for seq in prompt.sequences
-        )
-        temporary = [PAD_SEQUENCE]
-        for prompt in prompts:
-            temporary.extend(prompt.continuation_seqs)
-            if prompt.resident_already:
-                temporary.append(prompt.seq)
-        return PassPlan(
-            wipe=wipe,
-            junk=tuple(junk),
-            copies=copies,
-            rows=tuple(builder.rows),
-            prompts=tuple(
-                PromptPlan(
-                    reused=p.reused,
-                    last_row=p.last_row,
-                    continuation_rows=p.continuation_rows,
-                    new_rows=frozenset(p.new_rows),
-                )
-                for p in prompts
-            ),
-            temporary=tuple(temporary),
-            new_entries=tuple(
-                (p.seq, index) for index, p in enumerate(prompts) if not p.resident_already
-            ),
-            bases=tuple(sorted(bases)),
-            kept_top=kept_top,
-            kept_pads=kept_pads,
-        )
+    def plan(self, prompts: Sequence[Prompt]) -> PassPlan:
+        """Plan one pass over distinct prompts (each with its continuation tokens)."""
+        targets = [
+            _Target(np.asarray([*tokens, *extra], dtype=np.int64), index, bool(extra))
+            for index, (tokens, conts) in enumerate(prompts)
+            for extra in ([], *([token] for token in conts))
+        ]
+        if len(targets) > self.capacity:
+            raise OverflowError(
+                f"the pass needs {len(targets)} sequences; {self.capacity} streams are free"
+            )
+        longest = max(len(target.tokens) for target in targets)
+        if longest > self.cells:
+            raise OverflowError(f"a sequence needs {longest} cells; a stream has {self.cells}")
+        for target in targets:
+            target.source, target.shared = self._best(target.tokens)
+            target.reused = min(target.shared, self._cap(target.tokens))
+        groups = self._groups(targets)
+        self._assign(targets)
+        first: list[Copy] = []
+        second: list[Copy] = []
+        stems: dict[int, list[Row]] = {}
+        tails: dict[int, list[Row]] = {}
+        for group in groups:
+            leader = group.leader
+            first.append(self._take_prefix(leader))
+            if len(group.members) == 1:
+                stems[leader.stream] = self._rows(leader, leader.reused, len(leader.tokens))
+                continue
+            stems[leader.stream] = self._rows(leader, leader.reused, group.stem)
+            for target in group.members:
+                target.reused = leader.reused
+                source = None if target is leader else leader.stream
+                second.append(Copy(source, target.stream, group.stem))
+                tails[target.stream] = self._rows(target, group.stem, len(target.tokens))
+        steps = [Step(_copies_first(first), self._micro_batches(stems))]
+        if tails:
+            steps.append(Step(_copies_first(second), self._micro_batches(tails)))
+        return self._finish(targets, groups, steps, len(prompts))
+
+    def _cap(self, tokens: np.ndarray) -> int:
+        """The most tokens a sequence may take from elsewhere: the rest is at least
+        `min_rows` rows (a one-token sequence decodes its one row)."""
+        return max(len(tokens) - self.min_rows, 0)
+
+    def _groups(self, targets: list[_Target]) -> list[_Group]:
+        """Targets in token order, grouped while their common prefix (their stem, short of
+        every member's last `min_rows` tokens) saves `STEM_MIN_SHARED` tokens over what each
+        member takes from a stream."""
+        order = sorted(targets, key=lambda target: target.tokens.tolist())
+        groups: list[_Group] = []
+        members = [order[0]]
+        common = len(order[0].tokens)
+        for before, target in pairwise(order):
+            joined = min(common, common_prefix(before.tokens, target.tokens))
+            if (
+                self._stem([*members, target], joined)
+                - max(member.reused for member in [*members, target])
+                >= STEM_MIN_SHARED
+            ):
+                members, common = [*members, target], joined
+                continue
+            groups.append(self._group(members, common))
+            members, common = [target], len(target.tokens)
+        groups.append(self._group(members, common))
+        return groups
+
+    def _stem(self, members: list[_Target], common: int) -> int:
+        return min(common, *(self._cap(member.tokens) for member in members))
+
+    def _group(self, members: list[_Target], common: int) -> _Group:
+        leader = max(members, key=lambda target: target.reused)
+        if len(members) == 1:
+            return _Group(members, leader, stem=0, common=0)
+        return _Group(members, leader, stem=self._stem(members, common), common=common)
+
+    def _assign(self, targets: list[_Target]) -> None:
+        """A stream per target: from the pool (empty, then least recently used), keeping
+        every stream a target reads from; when the pool runs short, the least recently used
+        of those streams is overwritten by one of its own readers."""
+        sources = {t.source for t in targets if t.source is not None and t.reused > 0}
+        pool = self._pool(exclude=sources)
+        short = len(targets) - len(pool)
+        for source in sorted(sources, key=lambda s: self.last_used[s])[: max(short, 0)]:
+            reader = max((t for t in targets if t.source == source), key=lambda t: t.reused)
+            reader.stream = source
+        free = iter(pool)
+        for target in targets:
+            if target.stream < 0:
+                target.stream = next(free)
+
+    def _take_prefix(self, target: _Target) -> Copy:
+        """The first step's copy that gives the target's stream its reused prefix; a stream
+        that already holds as long a prefix of it is only cut."""
+        own = min(common_prefix(target.tokens, self.held[target.stream]), self._cap(target.tokens))
+        if own >= target.reused or target.source is None:
+            target.reused = own
+            return Copy(None, target.stream, own)
+        return Copy(target.source, target.stream, target.reused)
 
     @staticmethod
-    def _match(
-        tokens: Sequence[int], conts: Sequence[int], entries: dict[int, Entry], alignment: int
-    ) -> _Prompt:
-        """The resident entry sharing the longest prefix (at most all but the last token:
-        the last token is decoded to produce logits)."""
-        array = np.asarray(tokens, dtype=np.int64)
-        best, best_length = longest_entry(array, entries)
-        resident = best is not None and best_length == len(array) == len(best.tokens)
-        usable = min(best_length, len(array) - 1)
-        return _Prompt(
-            tokens=array,
-            continuations=tuple(conts),
-            base=best,
-            reused=usable - usable % alignment,  # reuse whole blocks only
-            resident_already=resident,
+    def _rows(target: _Target, start: int, stop: int) -> list[Row]:
+        last = len(target.tokens) - 1
+        return [
+            Row(int(target.tokens[position]), position, target.stream, position == last)
+            for position in range(start, stop)
+        ]
+
+    def _micro_batches(self, tracks: dict[int, list[Row]]) -> tuple[tuple[Row, ...], ...]:
+        """Cut rows into the micro-batches llama.cpp's sequential equal split makes: a run of
+        consecutive stream ids, the same number of rows from each, at most UBATCH_ROWS in
+        all; a stream that would be left fewer than `min_rows` rows waits for a later one."""
+        left = {seq: list(rows) for seq, rows in tracks.items() if rows}
+        batches: list[tuple[Row, ...]] = []
+        while left:
+            run = _consecutive(sorted(left))
+            while True:
+                cap = UBATCH_ROWS // len(run)
+                take = min(cap, *(len(left[seq]) for seq in run))
+                fine = [seq for seq in run if not 0 < len(left[seq]) - take < self.min_rows]
+                if not fine:  # every stream would keep one row: keep min_rows instead
+                    take = cap - self.min_rows
+                    break
+                if fine == run:
+                    break
+                run = _consecutive(fine)
+            rows = [row for seq in run for row in left[seq][:take]]
+            for seq in run:
+                left[seq] = left[seq][take:]
+                if not left[seq]:
+                    del left[seq]
+            batches.append(self._pair_outputs(rows))
+        return tuple(batches)
+
+    def _pair_outputs(self, rows: list[Row]) -> tuple[Row, ...]:
+        """A micro-batch with one output row gets a second: an existing row whose logits
+        are never read, so that the output head runs the same kernel as beside a mate."""
+        if self.min_rows > 1 and sum(row.logits for row in rows) == 1 and len(rows) > 1:
+            spare = next(index for index, row in enumerate(rows) if not row.logits)
+            rows[spare] = replace(rows[spare], logits=True)
+        return tuple(rows)
+
+    def _finish(
+        self, targets: list[_Target], groups: list[_Group], steps: list[Step], count: int
+    ) -> PassPlan:
+        numbered: dict[tuple[int, int], int] = {}  # (stream, position) -> row id
+        rows = (row for step in steps for batch in step.micro_batches for row in batch)
+        for row_id, row in enumerate(rows):
+            numbered[(row.seq, row.position)] = row_id
+        redecoded = 0
+        for group in groups:
+            for target in group.members:
+                stem = group.stem if len(group.members) > 1 else target.reused
+                target.rows = [
+                    numbered[(group.leader.stream, position)]
+                    for position in range(target.reused, stem)
+                ] + [numbered[(target.stream, p)] for p in range(stem, len(target.tokens))]
+                # where it would have started without the exact path's MIN_ROWS
+                loose = min(len(target.tokens) - 1, max(target.shared, group.common))
+                redecoded += max(loose - stem, 0)
+        prompts = []
+        for index in range(count):
+            mine = [target for target in targets if target.prompt == index]
+            main = next(target for target in mine if not target.continuation)
+            prompts.append(
+                PromptPlan(
+                    reused=main.reused,
+                    last_row=main.rows[-1],
+                    continuation_rows=tuple(t.rows[-1] for t in mine if t.continuation),
+                    new_rows=frozenset(row for target in mine for row in target.rows),
+                )
+            )
+        return PassPlan(
+            steps=tuple(steps),
+            prompts=tuple(prompts),
+            released=tuple(sorted(t.stream for t in targets if t.continuation)),
+            redecoded=redecoded,
+            resident=tuple((t.stream, t.tokens) for t in targets if not t.continuation),
+            read=tuple(sorted({t.source for t in targets if t.source is not None})),
         )
 
+    def commit(self, plan: PassPlan) -> None:
+        """Record a pass that ran: its prompts are resident, its continuations freed."""
+        self.passes += 1
+        for seq in plan.read:
+            self.last_used[seq] = self.passes
+        for seq in plan.released:
+            self.held[seq] = np.empty(0, np.int64)
+        for seq, tokens in plan.resident:
+            self.held[seq] = tokens
+            self.last_used[seq] = self.passes
 
-class _RowBuilder:
-    """Appends rows from cell `top` on, padding each segment to its alignment."""
 
-    def __init__(self, top: int, alignment: int) -> None:
-        self.cursor = top
-        self.alignment = alignment
-        self.rows: list[Row] = []
-        self.pads = 0
+def _copies_first(copies: list[Copy]) -> tuple[Copy, ...]:
+    """Copies before cuts: a stream one prompt overwrites may be another's source, and a
+    copy takes its source's cells as they are when it is made."""
+    return tuple(sorted(copies, key=lambda copy: copy.source is None))
 
-    def _pad_to(self, position: int) -> None:
-        for _ in range((position - self.cursor) % self.alignment):
-            self.pad_row()
 
-    def pad_row(self) -> None:
-        self._append(Row(0, self.pads, (PAD_SEQUENCE,), False))
-        self.pads += 1
-
-    def _append(self, row: Row) -> int:
-        self.rows.append(row)
-        self.cursor += 1
-        return len(self.rows) - 1
-
-    def trie(self, prompts: list[_Prompt]) -> None:
-        """Decode the prompts' new tokens, each shared token once: groups of prompts that
-        reuse the same base to the same length share their common new tokens."""
-        groups: dict[tuple[int, int], list[_Prompt]] = {}
-        for prompt in prompts:
-            key = (prompt.base.seq if prompt.base is not None else -1, prompt.reused)
-            groups.setdefault(key, []).append(prompt)
-        for key in sorted(groups):
-            self._segment(groups[key], key[1])
-
-    def _segment(self, group: list[_Prompt], start: int) -> None:
-        """Decode the group's tokens from `start` (a block boundary). A lone prompt runs to
-        its end; several share tokens only up to the last block boundary before they
-        diverge, then each child group goes on from there (re-decoding the few shared
-        tokens past it), so no prompt's block is ever split across two segments."""
-        if len(group) == 1:
-            self._emit(group, start, len(group[0].tokens))
-            return
-        first = group[0].tokens
-        end = min(len(prompt.tokens) for prompt in group)
-        for prompt in group[1:]:
-            end = min(end, common_prefix(first[:end], prompt.tokens[:end]))
-        shared_end = max(start, end - end % self.alignment)
-        if shared_end > start:
-            self._emit(group, start, shared_end)
-        children: dict[int, list[_Prompt]] = {}
-        for prompt in group:
-            token = int(prompt.tokens[end]) if len(prompt.tokens) > end else -1
-            children.setdefault(token, []).append(prompt)
-        for token in sorted(children):
-            self._segment(children[token], shared_end)
-
-    def _emit(self, group: list[_Prompt], start: int, stop: int) -> None:
-        """Rows for positions [start, stop) shared by the group, after pads that put
-        `start` on a cell congruent to it."""
-        self._pad_to(start)
-        sequences = tuple(sorted(seq for prompt in group for seq in prompt.sequences))
-        tokens = group[0].tokens
-        for position in range(start, stop):
-            ending = [p for p in group if len(p.tokens) == position + 1]
-            row = self._append(Row(int(tokens[position]), position, sequences, bool(ending)))
-            for prompt in group:
-                prompt.new_rows.add(row)
-            for prompt in ending:
-                prompt.last_row = row
-
-    def pair_outputs(self) -> None:
-        """Give every micro-batch with exactly one output row a second one. llama.cpp runs
-        the last layer and the output head over a micro-batch's output rows only, and one
-        row takes the matrix-vector kernel instead of the tiled one (f32 and f16 weights):
-        other rounding than the same prompt gets beside a batch mate. The extra output
-        is an existing row of the micro-batch, so the layout does not move; its logits are
-        never read."""
-        for start in range(0, len(self.rows), UBATCH_ROWS):
-            chunk = range(start, min(start + UBATCH_ROWS, len(self.rows)))
-            if sum(self.rows[index].logits for index in chunk) == 1:
-                spare = next(index for index in chunk if not self.rows[index].logits)
-                self.rows[spare] = replace(self.rows[spare], logits=True)
-
-    def scratch_last(self, prompt: _Prompt) -> None:
-        """A prompt already resident in full: decode its last block again, to throw away
-        (the logits of its last token come out exactly as when it was first scored)."""
-        self._emit([prompt], prompt.reused, len(prompt.tokens))
-
-    def continuations(self, prompt: _Prompt) -> None:
-        """Each label continuation token after the prompt, in its own sequence; together
-        one segment aligned to the position after the prompt."""
-        position = len(prompt.tokens)
-        self._pad_to(position)
-        rows = []
-        for token, seq in zip(prompt.continuations, prompt.continuation_seqs, strict=True):
-            rows.append(self._append(Row(int(token), position, (seq,), logits=True)))
-        prompt.continuation_rows = tuple(rows)
+def _consecutive(seqs: list[int]) -> list[int]:
+    """The run of consecutive ids that starts the (sorted) list."""
+    run = [seqs[0]]
+    for seq in seqs[1:]:
+        if seq != run[-1] + 1:
+            break
+        run.append(seq)
+    return run

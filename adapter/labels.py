@@ -154,7 +154,7 @@ def probe_decision(engine: LlamaEngine, template: ChatTemplate, labels: LabelSet
     The KV cache is cleared afterwards, so the first request starts as cold as before."""
     # A server configured with a tiny KV cache scores the prompt's tail: still a real
     # forward pass that ends where an answer letter is due.
-    tokens = engine.tokenize(render_decision(template, _SCORED_PROBE))[-engine.kv_cells :]
+    tokens = engine.tokenize(render_decision(template, _SCORED_PROBE))[-engine.stream_cells :]
     try:
         scores, _ = engine.score([tokens])
         readout = read_slots(scores[0].logits, labels.letter_token_ids)

@@ -63,7 +63,7 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
     loaded = prepare_model(
         LlamaEngine(
             files.gguf,
-            kv_cells=settings.kv_cells,
+            stream_cells=settings.stream_cells,
             # A question with letter-digit labels needs a sequence per distinct first letter.
             max_branches=max(settings.max_shared_decisions, PAIR_LABEL_SEQUENCES),
             threads=settings.threads,

@@ -26,7 +26,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from adapter.engine import (
-    EXACT_ALIGNMENT,
     CancelledWorkError,
     CapacityError,
     Generation,
@@ -37,10 +36,10 @@ from adapter.engine import (
     Sampling,
 )
 from adapter.errors import UnavailableError
-from adapter.kv_layout import common_prefix_length
+from adapter.kv_layout import MIN_ROWS, common_prefix_length
 
 LOG = logging.getLogger("adapter")
-SHARED_BLOCK = EXACT_ALIGNMENT  # re-decoded where neighbours diverge, plus pads
+SHARED_BLOCK = MIN_ROWS  # re-decoded where neighbours diverge (adapter.kv_layout)
 # Set by the HTTP layer when the request's client disconnects (adapter.http.answer); the
 # worker then drops the request at its next pass or token. Context variables follow the
 # call into anyio's worker threads.

@@ -86,12 +86,10 @@ class Settings:
     option_order: OptionOrder = "canonical"
 
     @property
-    def kv_cells(self) -> int:
-        """KV cache size: a full prompt and its label continuations, with room to spare; the
-        arena of resident prefixes and passes is wiped well before it fills whenever that
-        is cheaper than attending over it (adapter.kv_layout). At least 256: llama.cpp
-        needs a cell per sequence id."""
-        return max(2 * self.max_tokens, 256)
+    def stream_cells(self) -> int:
+        """Cells of one KV stream: the longest prompt and one label continuation token (the
+        engine keeps KV_STREAMS of them, so memory grows with SEMIF_MAX_TOKENS)."""
+        return self.max_tokens + 1
 
     @property
     def in_sagemaker(self) -> bool:

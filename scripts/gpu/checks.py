@@ -22,6 +22,7 @@ import httpx
 import llama_cpp
 import llama_cpp._logger
 
+from adapter.kv_layout import MIN_ROWS
 from adapter.runtime import load_service
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
@@ -165,10 +166,9 @@ def shared_state(service: DecisionService, decisions: Sequence[Decision]) -> dic
     timing = shared["timing"]
     state_tokens = len(service.engine.tokenize(decisions[0].state_text))
     # Decoded once, whatever the passes: each further prompt saves its state, less the
-    # block or two the exact layout re-decodes where prompts diverge.
+    # MIN_ROWS tokens the exact path re-decodes where prompts diverge.
     saved = timing["input_tokens"] - timing["evaluated_tokens"]
-    block = service.engine.cache.alignment
-    least = (len(decisions) - 1) * (state_tokens - 2 * block)
+    least = (len(decisions) - 1) * (state_tokens - 2 * MIN_ROWS)
     require(saved >= least, f"only {saved} tokens decoded once for all (at least {least})")
     _require_distributions(shared)
     alone: list[list[float]] = []
@@ -194,7 +194,7 @@ def prefix_reuse(service: DecisionService, first: Decision, second: Decision) ->
     require(reused > len(engine.tokenize(second.state_text)), f"only {reused} tokens reused")
     require(evaluated < tokens / 3, f"{evaluated} of {tokens} tokens evaluated")
     repeat = service.decide([second], "single")
-    _require_only_last_block_again(repeat["timing"], engine.cache.alignment)
+    _require_only_the_tail_again(repeat["timing"])
     engine.reset()
     cold = service.decide([second], "single")
     difference = max(
@@ -238,14 +238,12 @@ def http_prefix_reuse(client: Invoker, first: Decision, second: Decision) -> dic
     evaluated = warm["timing"]["evaluated_tokens"]
     require(evaluated < tokens / 3, f"{evaluated} of {tokens} tokens evaluated")
     repeat: dict[str, Any] = client.invoke(single_body(second))
-    _require_only_last_block_again(
-        repeat["timing"], int(repeat["model"]["serving"]["kv_alignment"])
-    )
+    _require_only_the_tail_again(repeat["timing"])
     return {"input_tokens": tokens, "evaluated_tokens": evaluated}
 
 
-def _require_only_last_block_again(timing: dict[str, Any], block: int) -> None:
-    """A fully resident prompt asked again decodes only its last block (exact layout,
-    adapter.kv_layout), never the whole prompt."""
+def _require_only_the_tail_again(timing: dict[str, Any]) -> None:
+    """A fully resident prompt asked again decodes only its last MIN_ROWS tokens (the exact
+    path, adapter.kv_layout), never the whole prompt."""
     evaluated = timing["evaluated_tokens"]
-    require(1 <= evaluated <= block, f"a repeated prompt was re-evaluated ({evaluated} tokens)")
+    require(1 <= evaluated <= MIN_ROWS, f"a repeated prompt was re-evaluated ({evaluated} tokens)")

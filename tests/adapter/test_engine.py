@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from adapter.engine import CapacityError, LlamaEngine, ModelLoadError
-from adapter.kv_layout import common_prefix_length
+from adapter.kv_layout import MIN_ROWS, common_prefix_length
 from adapter.prompts import ANSWER_LETTERS, TemplateRenderError
 from adapter.readout import read_slots
 from adapter.runtime import LoadedModel
@@ -116,17 +116,17 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
     tokens = warm["results"][0]["input_tokens"]
     suffix = warm["timing"]["evaluated_tokens"]
     assert warm["timing"]["reused_tokens"] + suffix == tokens
-    # Reuse is whole blocks of the common prefix (system prompt and state).
+    # Reuse is the whole common prefix (system prompt and state).
     ((_, first_tokens),) = service.render([first], "single")
     ((_, second_tokens),) = service.render([second], "single")
     common = common_prefix_length(first_tokens, second_tokens)
-    alignment = engine.cache.alignment
-    assert warm["timing"]["reused_tokens"] == common // alignment * alignment
+    assert warm["timing"]["reused_tokens"] == common
     assert warm["timing"]["reused_tokens"] > len(engine.tokenize(STATE))
-    assert suffix < tokens / 2  # the question and options, plus up to a block re-decoded
+    assert suffix < tokens / 2  # the question and options
     repeat = service.decide([second], "single")
-    # Fully resident: only its last partial block is decoded again (to throw away).
-    assert 1 <= repeat["timing"]["evaluated_tokens"] <= alignment
+    # Fully resident: only its last MIN_ROWS tokens are decoded again (exact path).
+    assert repeat["timing"]["evaluated_tokens"] == MIN_ROWS
+    assert repeat["timing"]["pad_tokens"] == MIN_ROWS - 1
     assert repeat["results"][0]["probabilities"] == warm["results"][0]["probabilities"]
 
 
@@ -142,7 +142,7 @@ def test_prefix_reuse_can_be_disabled(tiny_gguf: Path) -> None:
 
 
 def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> None:
-    small = LlamaEngine(tiny_gguf, kv_cells=256, max_branches=16, threads=2, n_gpu_layers=0)
+    small = LlamaEngine(tiny_gguf, stream_cells=256, max_branches=16, threads=2, n_gpu_layers=0)
     try:
         with pytest.raises(CapacityError, match="KV cells"):
             small.score([list(range(10)) + [i % 200 for i in range(300)]])
@@ -162,7 +162,7 @@ def test_slot_readout_matches_full_vocabulary_softmax(model: LoadedModel) -> Non
     assert readout.probabilities == pytest.approx(full[slots] / full[slots].sum(), rel=1e-6)
 
 
-def test_binding_without_unified_kv_cache_is_refused(
+def test_binding_without_kv_streams_is_refused(
     tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     class OldContextParams(ctypes.Structure):

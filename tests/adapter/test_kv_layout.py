@@ -1,141 +1,193 @@
-"""The exact-layout planner (adapter.kv_layout) alone: pure bookkeeping, no llama.cpp."""
+"""The stream planner (adapter.kv_layout) alone: pure bookkeeping, no llama.cpp."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from collections.abc import Sequence
 
-from adapter.kv_layout import JUNK_SEQUENCE, PAD_SEQUENCE, UBATCH_ROWS, PassPlan, PrefixCache
+import pytest
+
+from adapter.kv_layout import MIN_ROWS, UBATCH_ROWS, PassPlan, StreamCache
 
 Prompt = tuple[Sequence[int], Sequence[int]]
+TEMPLATE = list(range(1000, 1040))
 
 
-def _run(cache: PrefixCache, prompts: list[Prompt]) -> PassPlan:
+def _run(cache: StreamCache, prompts: list[Prompt]) -> PassPlan:
     plan = cache.plan(prompts)
-    cache.commit(plan, prompts)
+    cache.commit(plan)
     return plan
 
 
-def _cells(plan: PassPlan, top: int) -> list[int]:
-    return list(range(0 if plan.wipe else top, (0 if plan.wipe else top) + len(plan.rows)))
+def _prompt(state: int, question: int, length: int = 60) -> list[int]:
+    return [*TEMPLATE, *([state] * length), *range(question, question + 20)]
 
 
-def test_rows_sit_at_cells_congruent_to_their_positions() -> None:
-    cache = PrefixCache(4096, alignment=16, max_entries=8)
-    _run(cache, [(list(range(1, 40)), [])])
-    top = cache.top
-    plan = _run(cache, [(list(range(1, 30)) + [99] * 20, [7, 8]), (list(range(50, 75)), [])])
-    temporary = set(plan.temporary)
-    checked = 0
-    for cell, row in zip(_cells(plan, top), plan.rows, strict=True):
-        if set(row.sequences) - temporary:  # rows of segments that stay resident
-            assert cell % 16 == row.position % 16
-            checked += 1
-    assert checked == len(range(1, 30)) + 20 - 16 + 25  # the follow-up reuses one block
+def _held(cache: StreamCache) -> dict[int, list[int]]:
+    return {seq: tokens.tolist() for seq, tokens in enumerate(cache.held) if len(tokens)}
 
 
-def test_kept_rows_precede_temporary_rows_and_set_kept_top() -> None:
-    cache = PrefixCache(4096, alignment=16, max_entries=8)
-    plan = _run(cache, [(list(range(1, 21)), [5, 6]), (list(range(1, 11)) + [77] * 9, [])])
-    temporary = set(plan.temporary) - {PAD_SEQUENCE}
-    real = [(index, row) for index, row in enumerate(plan.rows) if row.sequences != (PAD_SEQUENCE,)]
-    kinds = [not set(row.sequences) - temporary for _, row in real]
-    kept = kinds.index(True)
-    assert not any(kinds[:kept])
-    assert all(kinds[kept:])
-    last_kept = real[kept - 1][0]
-    first_temporary = real[kept][0]
-    assert last_kept < plan.kept_top <= first_temporary  # from an empty arena
-    assert cache.top == plan.kept_top
-    assert plan.kept_pads <= plan.pad_rows
-
-
-def test_reuse_is_whole_blocks_of_the_common_prefix() -> None:
-    cache = PrefixCache(4096, alignment=16, max_entries=8)
-    first = list(range(1, 60))
+def test_a_new_prompt_copies_its_prefix_into_an_empty_stream_and_the_source_stays() -> None:
+    cache = StreamCache(8, 512, exact=True)
+    first = _prompt(1, 100)
     _run(cache, [(first, [])])
-    follow = [*first[:37], 500, 501, 502]
+    (source,) = _held(cache)
+    follow = _prompt(1, 200)
     plan = _run(cache, [(follow, [])])
-    assert plan.prompts[0].reused == 32  # floor(37 / 16) * 16
-    assert plan.copies
-    assert plan.copies[0][2] == 32
-    evaluated = len(plan.rows) - plan.pad_rows
-    assert evaluated == len(follow) - 32
-    short = [*first[:10], 9]
-    assert _run(cache, [(short, [])]).prompts[0].reused == 0
+    (step,) = plan.steps
+    (copy,) = step.copies
+    common = len(TEMPLATE) + 60
+    assert copy.source == source
+    assert copy.keep == common
+    assert plan.prompts[0].reused == common
+    assert len(plan.rows) == len(follow) - common
+    assert [row.position for row in plan.rows] == list(range(common, len(follow)))
+    assert _held(cache) == {source: first, copy.target: follow}
 
 
-def test_least_recently_used_entries_become_junk_past_max_entries() -> None:
-    cache = PrefixCache(8192, alignment=16, max_entries=2)
-    _run(cache, [([1] * 20, [])])
-    _run(cache, [([2] * 20, [])])
-    oldest = min(cache.entries.values(), key=lambda entry: entry.last_used).seq
-    plan = _run(cache, [([3] * 20, [])])
-    assert plan.junk == (oldest,)
-    assert sorted(int(entry.tokens[0]) for entry in cache.entries.values()) == [2, 3]
-    assert JUNK_SEQUENCE not in cache.entries
+def test_reuse_stops_min_rows_short_of_the_end_on_the_exact_path() -> None:
+    exact, loose = StreamCache(4, 512, exact=True), StreamCache(4, 512, exact=False)
+    prompt = _prompt(1, 100)
+    for cache, tail in ((exact, MIN_ROWS), (loose, 1)):
+        _run(cache, [(prompt, [])])
+        repeat = _run(cache, [(prompt, [])])
+        assert repeat.prompts[0].reused == len(prompt) - tail
+        assert [row.position for row in repeat.rows] == list(range(len(prompt) - tail, len(prompt)))
+        assert repeat.redecoded == tail - 1
 
 
-def test_a_pass_that_does_not_fit_above_top_wipes_the_arena() -> None:
-    cache = PrefixCache(256, alignment=16, max_entries=8)
-    _run(cache, [(list(range(1, 150)), [])])
-    assert cache.top >= 149
-    plan = _run(cache, [(list(range(300, 450)), [])])
-    assert plan.wipe
-    assert next(iter(cache.entries.values())).tokens[0] == 300
-    assert len(cache.entries) == 1
+def test_a_state_shared_by_a_pass_is_decoded_once_and_copied() -> None:
+    cache = StreamCache(8, 512, exact=True)
+    prompts: list[Prompt] = [(_prompt(7, 100 * q), []) for q in range(1, 4)]
+    plan = _run(cache, prompts)
+    first, second = plan.steps
+    stem = len(TEMPLATE) + 60
+    assert len(first.micro_batches) == 1
+    assert [row.position for row in first.micro_batches[0]] == list(range(stem))
+    leader = first.micro_batches[0][0].seq
+    copies = {copy.target: copy for copy in second.copies}
+    assert all(copy.keep == stem for copy in copies.values())
+    assert sorted(c.source for c in copies.values() if c.source is not None) == [leader] * 2
+    assert len(plan.rows) == stem + 3 * 20
+    for prompt_plan in plan.prompts:  # each path: the shared stem, then its own question
+        assert len(prompt_plan.new_rows) == stem + 20
+        assert prompt_plan.reused == 0
 
 
-def test_a_pass_never_ends_with_a_one_row_ubatch() -> None:
-    for length in range(UBATCH_ROWS - 40, UBATCH_ROWS + 40):
-        cache = PrefixCache(4096, alignment=16, max_entries=8)
-        plan = cache.plan([(list(range(1, length + 1)), [])])
-        assert len(plan.rows) % UBATCH_ROWS != 1
+def test_continuations_ride_as_sequences_of_their_own_and_are_released() -> None:
+    cache = StreamCache(8, 512, exact=True)
+    prompt = _prompt(3, 100)
+    plan = _run(cache, [(prompt, [11, 12])])
+    rows = plan.rows
+    main = plan.prompts[0]
+    last = rows[main.last_row]
+    assert (last.token, last.position) == (prompt[-1], len(prompt) - 1)
+    for token, row_id in zip([11, 12], main.continuation_rows, strict=True):
+        row = rows[row_id]
+        assert (row.token, row.position, row.logits) == (token, len(prompt), True)
+        assert row.seq in plan.released
+    assert _held(cache) == {last.seq: prompt}
 
 
-def test_no_micro_batch_has_a_single_output_row() -> None:
-    """A lone output row takes the matrix-vector kernel in llama.cpp's last layer; each
-    micro-batch carries none or at least two, and a spare is never a prompt's output."""
-    for prompts, spares in (
-        ([(list(range(1, 60)), [])], 1),  # one prompt alone
-        ([(list(range(1, 400)), []), (list(range(1000, 1300)), [])], 2),  # one per ubatch
-        ([(list(range(1, 30)), [5, 6, 7])], 0),  # the continuations are outputs already
-    ):
-        plan = PrefixCache(4096, alignment=16, max_entries=8).plan(prompts)
-        for start in range(0, len(plan.rows), UBATCH_ROWS):
-            outputs = sum(row.logits for row in plan.rows[start : start + UBATCH_ROWS])
-            assert outputs != 1, (len(prompts), start)
-        named = set(plan.output_rows)
-        marked = {index for index, row in enumerate(plan.rows) if row.logits}
-        assert named <= marked
-        assert len(marked - named) == spares
+def test_empty_streams_fill_first_then_the_least_recently_used_is_overwritten() -> None:
+    cache = StreamCache(4, 512, exact=True)
+    for state in (1, 2, 3):
+        _run(cache, [(_prompt(state, 100), [])])
+    plan = _run(cache, [(_prompt(1, 300), [])])
+    assert plan.rows[0].seq == 3  # the empty stream, not one holding a state
+    assert sorted(tokens[len(TEMPLATE)] for tokens in _held(cache).values()) == [1, 1, 2, 3]
+    _run(cache, [(_prompt(5, 100), [])])
+    # state 2 was the least recently used (states 1 and 3 were read or written since)
+    assert sorted(tokens[len(TEMPLATE)] for tokens in _held(cache).values()) == [1, 1, 3, 5]
 
 
-def test_the_arena_is_wiped_when_attending_over_it_costs_more_than_redecoding() -> None:
-    cache = PrefixCache(8192, alignment=16, max_entries=64, break_even_cells=3000.0)
-    template = list(range(1, 49))
-    for state in range(3):  # ~250-token decisions about new states: kept, 3 resident
-        plan = _run(cache, [(template + [1000 + 300 * state + i for i in range(200)], [])])
-        assert not plan.wipe
-    assert cache.top > 600
-    follow_up = [*next(iter(cache.entries.values())).tokens.tolist()[:240], 7, 8, 9]
-    kept = _run(cache, [(follow_up, [])])
-    assert not kept.wipe  # it reuses 240 tokens: re-decoding them costs more than the arena
-    fresh = _run(cache, [(template + [5000 + i for i in range(200)], [])])
-    assert fresh.wipe  # only the template to reuse: attending over ~900 cells costs more
-    assert fresh.prompts[0].reused == 0
+def test_a_short_pool_overwrites_a_source_with_its_own_reader() -> None:
+    cache = StreamCache(2, 512, exact=True)
+    _run(cache, [(_prompt(1, 100), [])])
+    _run(cache, [(_prompt(2, 100), [])])
+    plan = _run(cache, [(_prompt(1, 300), []), (_prompt(2, 300), [])])
+    assert all(prompt.reused == len(TEMPLATE) + 60 for prompt in plan.prompts)
+    assert all(copy.source is None for copy in plan.steps[0].copies)  # cut in place
 
 
-def test_without_a_break_even_the_arena_is_wiped_only_when_full() -> None:
-    cache = PrefixCache(8192, alignment=16, max_entries=64)
-    for state in range(20):
-        plan = _run(cache, [([1000 + 300 * state + i for i in range(250)], [])])
-        assert not plan.wipe
+def test_reserved_streams_are_never_planned_over() -> None:
+    cache = StreamCache(3, 512, exact=True)
+    chat = cache.reserve()
+    assert cache.capacity == 2
+    for question in range(5):
+        plan = _run(cache, [(_prompt(question, 100), []), (_prompt(9, question), [])])
+        assert chat not in {row.seq for row in plan.rows}
+        assert chat not in {copy.target for step in plan.steps for copy in step.copies}
+    with pytest.raises(OverflowError, match="2 streams are free"):
+        cache.plan([(_prompt(1, 1), [5, 6])])
+    cache.release(chat)
+    assert cache.capacity == 3
 
 
-def test_a_running_chat_context_counts_in_the_price_of_a_wipe() -> None:
-    cache = PrefixCache(8192, alignment=16, max_entries=64, break_even_cells=3000.0)
-    for state in range(3):
-        _run(cache, [([1000 + 300 * state + i for i in range(250)], [])])
-    new_state: list[Prompt] = [([5000 + i for i in range(250)], [])]
-    assert cache.plan(new_state).wipe  # nothing held: re-decoding nothing is cheap
-    assert not cache.plan(new_state, held_tokens=400).wipe  # a chat would re-read 400
+def test_a_sequence_longer_than_a_stream_is_refused() -> None:
+    with pytest.raises(OverflowError, match="a stream has 64"):
+        StreamCache(4, 64, exact=True).plan([(list(range(65)), [])])
+
+
+def _check_micro_batches(plan: PassPlan, *, exact: bool) -> None:
+    """What llama.cpp's sequential equal split needs for each call to be one micro-batch
+    (consecutive ascending stream ids, equal rows each, at most UBATCH_ROWS), and what
+    exactness needs (MIN_ROWS rows per stream, never exactly one output row)."""
+    for step in plan.steps:
+        for batch in step.micro_batches:
+            seqs = [row.seq for row in batch]
+            order = list(dict.fromkeys(seqs))
+            assert order == list(range(order[0], order[0] + len(order)))
+            assert seqs == sorted(seqs)
+            counts = set(Counter(seqs).values())
+            assert len(counts) == 1
+            assert len(batch) <= UBATCH_ROWS
+            if exact:
+                assert counts.pop() >= MIN_ROWS
+                assert sum(row.logits for row in batch) != 1
+            for seq in order:  # each stream's rows continue in position order
+                positions = [row.position for row in batch if row.seq == seq]
+                assert positions == list(range(positions[0], positions[0] + len(positions)))
+
+
+def test_random_passes_keep_every_micro_batch_exact_and_consistent() -> None:
+    rng = random.Random(20261201)
+    for exact in (True, False):
+        cache = StreamCache(16, 1500, exact=exact)
+        positions: dict[int, int] = {}  # stream -> next position llama.cpp would accept
+        for _ in range(120):
+            prompts: list[Prompt] = []
+            for _ in range(rng.randint(1, 4)):
+                state = rng.randint(1, 5)
+                length = rng.choice([1, 2, 3, 40, 300, 700])
+                prompt = [*TEMPLATE, *([state] * length), *range(rng.randint(0, 50))]
+                conts = rng.sample(range(5, 30), rng.choice([0, 0, 1, 3]))
+                prompts.append((prompt, conts))
+            unique = list({tuple(p): (p, c) for p, c in prompts}.values())
+            plan = cache.plan(unique)
+            _check_micro_batches(plan, exact=exact)
+            for step in plan.steps:
+                for copy in step.copies:
+                    positions[copy.target] = copy.keep
+                for batch in step.micro_batches:
+                    for row in batch:
+                        assert row.position == positions.get(row.seq, 0)
+                        positions[row.seq] = row.position + 1
+            for seq in plan.released:
+                positions[seq] = 0
+            for (tokens, _), prompt_plan in zip(unique, plan.prompts, strict=True):
+                assert plan.rows[prompt_plan.last_row].position == len(tokens) - 1
+            cache.commit(plan)
+
+
+def test_a_copy_is_made_before_its_source_is_cut() -> None:
+    cache = StreamCache(3, 512, exact=True)
+    _run(cache, [(_prompt(1, 100), [])])
+    _run(cache, [(_prompt(2, 100), [])])
+    plan = cache.plan([(_prompt(1, 300), []), (_prompt(1, 400), []), (_prompt(2, 9), [])])
+    copies = plan.steps[0].copies
+    (made,) = [copy for copy in copies if copy.source is not None]
+    cut = next(copy for copy in copies if copy.target == made.source)
+    assert copies.index(made) < copies.index(cut)
+    assert cut.keep == made.keep == len(TEMPLATE) + 60

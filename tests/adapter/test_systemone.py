@@ -354,7 +354,7 @@ def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
     label mix-up or a continuation attending to the wrong branch is off by nats (see the
     spread), and the continuations leave the prompt's own logits untouched.
     """
-    model = open_test_model(tiny_gguf, kv_cells=8192, max_branches=30, threads=1)
+    model = open_test_model(tiny_gguf, max_branches=30, threads=1)
     engine = model.engine
     try:
         service = service_of(model, max_tokens=4096)
@@ -382,7 +382,7 @@ def test_pair_labels_are_exact_in_one_batched_pass(tiny_gguf: Path) -> None:
 
 
 def test_continuations_leave_the_prompt_logits_untouched(tiny_gguf: Path) -> None:
-    model = open_test_model(tiny_gguf, kv_cells=8192, max_branches=30, threads=1)
+    model = open_test_model(tiny_gguf, max_branches=30, threads=1)
     engine = model.engine
     try:
         decisions = [

@@ -40,7 +40,7 @@ def test_settings_defaults_match_the_container_contract() -> None:
     assert (settings.queue_timeout_seconds, settings.request_timeout_seconds) == (20.0, 50.0)
     assert settings.max_request_tokens == 16_384
     assert settings.exact_scoring is True
-    assert settings.kv_cells == 2 * settings.max_tokens  # and at least 256
+    assert settings.stream_cells == settings.max_tokens + 1  # a prompt and one continuation
     assert not hasattr(settings, "max_in_flight")
 
 

@@ -12,14 +12,14 @@ from adapter.service import DecisionService
 def open_test_model(
     gguf: Path,
     *,
-    kv_cells: int = 4096,
+    stream_cells: int = 4096,
     max_branches: int = 16,
     prefix_reuse: bool = True,
     threads: int = 2,
 ) -> LoadedModel:
     engine = LlamaEngine(
         gguf,
-        kv_cells=kv_cells,
+        stream_cells=stream_cells,
         max_branches=max_branches,
         threads=threads,
         n_gpu_layers=0,
