@@ -265,7 +265,13 @@ class LlamaEngine:
         self.threads = n_threads
         self.prefix_reuse = prefix_reuse
         self.exact = exact
-        self.cache = StreamCache(KV_STREAMS, stream_cells, exact=exact)
+        # Recurrent layers (Mamba, RWKV; hybrid models such as Qwen3.5) keep one state per
+        # sequence, after its last token: prefixes are reused only where a stream ends.
+        self.recurrent = bool(
+            llama_cpp.llama_model_is_recurrent(self._model)
+            or llama_cpp.llama_model_is_hybrid(self._model)
+        )
+        self.cache = StreamCache(KV_STREAMS, stream_cells, exact=exact, whole_only=self.recurrent)
         self.pass_rows = PASS_ROWS
         self._generation: GenerationRun | None = None
 
@@ -421,6 +427,7 @@ class LlamaEngine:
             "threads": self.threads,
             "prefix_reuse": self.prefix_reuse,
             "exact_scoring": self.exact,
+            "recurrent_memory": self.recurrent,
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
         }
 

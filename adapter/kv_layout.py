@@ -118,7 +118,7 @@ class _Target:
     continuation: bool
     source: int | None = None  # the stream sharing its longest prefix
     shared: int = 0  # tokens in common with that stream
-    reused: int = 0  # of those, taken (whole blocks of the tail stay to decode)
+    reused: int = 0  # of those, taken (at least min_rows of it are left to decode)
     stream: int = -1
     rows: list[int] = field(default_factory=list)  # row ids on its path, stem included
 
@@ -137,12 +137,15 @@ class _Group:
 class StreamCache:
     """The streams' contents, free and reserved streams, and their recency."""
 
-    def __init__(self, streams: int, cells: int, *, exact: bool) -> None:
+    def __init__(self, streams: int, cells: int, *, exact: bool, whole_only: bool = False) -> None:
         if streams < 2 or cells < 1:
             raise ValueError("a stream cache needs two streams and one cell")
         self.streams = streams
         self.cells = cells
         self.min_rows = MIN_ROWS if exact else 1
+        # A recurrent layer's state exists only after the last token a stream holds: such a
+        # model may take a stream's whole content, never a shorter prefix of it.
+        self.whole_only = whole_only
         self.held: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(streams)]
         self.last_used = [0] * streams
         self.reserved: set[int] = set()
@@ -171,20 +174,33 @@ class StreamCache:
         self.held[seq] = np.empty(0, np.int64)
 
     def longest_match(self, tokens: Sequence[int]) -> tuple[int | None, int]:
-        """The unreserved stream sharing the longest prefix with `tokens`, and its length."""
-        return self._best(np.asarray(tokens, dtype=np.int64))
+        """The unreserved stream with the longest usable prefix of `tokens`, and its length."""
+        array = np.asarray(tokens, dtype=np.int64)
+        seq, _, usable = self._best(array, len(array))
+        return seq, usable
 
-    def _best(self, tokens: np.ndarray) -> tuple[int | None, int]:
-        best: int | None = None
+    def _best(self, tokens: np.ndarray, limit: int) -> tuple[int | None, int, int]:
+        """The stream to take a prefix from (at most `limit` tokens): its id, the tokens it
+        shares with `tokens` and how many of them can be taken."""
+        best: tuple[int | None, int, int] = (None, 0, 0)
         best_key = (0, 0)
         for seq in range(self.streams):
             if seq in self.reserved:
                 continue
-            length = common_prefix(tokens, self.held[seq])
-            key = (length, self.last_used[seq])  # on a tie, the most recently used
-            if length > 0 and key > best_key:
-                best, best_key = seq, key
-        return best, best_key[0]
+            shared, usable = self._usable(tokens, seq, limit)
+            key = (usable, self.last_used[seq])  # on a tie, the most recently used
+            if usable > 0 and key > best_key:
+                best, best_key = (seq, shared, usable), key
+        return best
+
+    def _usable(self, tokens: np.ndarray, seq: int, limit: int) -> tuple[int, int]:
+        """(tokens shared with stream `seq`, tokens that can be taken from it)."""
+        held = self.held[seq]
+        shared = common_prefix(tokens, held)
+        if self.whole_only:
+            usable = shared if shared == len(held) <= limit else 0
+            return usable, usable
+        return shared, min(shared, limit)
 
     def _pool(self, exclude: set[int]) -> list[int]:
         """Streams a pass may overwrite: empty ones first, then least recently used."""
@@ -206,8 +222,8 @@ class StreamCache:
         if longest > self.cells:
             raise OverflowError(f"a sequence needs {longest} cells; a stream has {self.cells}")
         for target in targets:
-            target.source, target.shared = self._best(target.tokens)
-            target.reused = min(target.shared, self._cap(target.tokens))
+            limit = self._cap(target.tokens)
+            target.source, target.shared, target.reused = self._best(target.tokens, limit)
         groups = self._groups(targets)
         self._assign(targets)
         first: list[Copy] = []
@@ -285,7 +301,7 @@ class StreamCache:
     def _take_prefix(self, target: _Target) -> Copy:
         """The first step's copy that gives the target's stream its reused prefix; a stream
         that already holds as long a prefix of it is only cut."""
-        own = min(common_prefix(target.tokens, self.held[target.stream]), self._cap(target.tokens))
+        _, own = self._usable(target.tokens, target.stream, self._cap(target.tokens))
         if own >= target.reused or target.source is None:
             target.reused = own
             return Copy(None, target.stream, own)

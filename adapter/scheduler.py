@@ -39,7 +39,6 @@ from adapter.errors import UnavailableError
 from adapter.kv_layout import MIN_ROWS, common_prefix_length
 
 LOG = logging.getLogger("adapter")
-SHARED_BLOCK = MIN_ROWS  # re-decoded where neighbours diverge (adapter.kv_layout)
 # Set by the HTTP layer when the request's client disconnects (adapter.http.answer); the
 # worker then drops the request at its next pass or token. Context variables follow the
 # call into anyio's worker threads.
@@ -61,7 +60,7 @@ class JobTiming:
     batch_prompts: int  # the most prompts in such a pass
     reused_tokens: int
     evaluated_tokens: int  # rows decoded on its prompts' paths (shared rows counted once)
-    pad_tokens: int  # pad rows of its passes (spent on the exact layout, shared)
+    pad_tokens: int  # rows of its passes decoded again only for the exact path (shared)
 
 
 @dataclass
@@ -88,12 +87,14 @@ class _Job:
     def cost(self, index: int) -> tuple[int, int]:
         """(KV rows, sequences) prompt `index` may add to a pass: a request's prompts about
         one state are neighbours, and what a prompt shares with the one before it is
-        decoded once (a block of it again where they diverge)."""
+        decoded once (adapter.kv_layout: MIN_ROWS of it again where they diverge, and each
+        label continuation decodes the prompt's last MIN_ROWS tokens and its own)."""
         prompt = self.prompts[index]
         shared = common_prefix_length(prompt, self.prompts[index - 1]) if index > 0 else 0
+        continuations = len(self.continuations[index])
         return (
-            len(prompt) - shared + SHARED_BLOCK + len(self.continuations[index]),
-            1 + len(self.continuations[index]),
+            len(prompt) - shared + MIN_ROWS + (MIN_ROWS + 1) * continuations,
+            1 + continuations,
         )
 
 

@@ -191,3 +191,38 @@ def test_a_copy_is_made_before_its_source_is_cut() -> None:
     cut = next(copy for copy in copies if copy.target == made.source)
     assert copies.index(made) < copies.index(cut)
     assert cut.keep == made.keep == len(TEMPLATE) + 60
+
+
+def test_a_recurrent_model_takes_only_whole_streams() -> None:
+    """Its state exists only after a stream's last token: a prompt may continue a stream's
+    whole content, never cut it shorter (llama.cpp refuses that for recurrent layers)."""
+    cache = StreamCache(6, 512, exact=True, whole_only=True)
+    lengths = [0] * 6  # what each stream holds, as llama.cpp would see it
+
+    def run(prompts: list[Prompt]) -> PassPlan:
+        plan = _run(cache, prompts)
+        for step in plan.steps:
+            for copy in step.copies:
+                held = lengths[copy.source] if copy.source is not None else lengths[copy.target]
+                assert copy.keep in (0, held), (copy, held)  # never a shorter prefix
+                lengths[copy.target] = copy.keep
+            for batch in step.micro_batches:
+                for row in batch:
+                    lengths[row.seq] = row.position + 1
+        for seq in plan.released:
+            lengths[seq] = 0
+        return plan
+
+    first = _prompt(1, 100)
+    run([(first, [])])
+    follow = run([(_prompt(1, 200), [])])  # shares template and state, not all of it
+    assert follow.prompts[0].reused == 0
+    extended = [*first, 7, 8, 9]
+    assert run([(extended, [])]).prompts[0].reused == len(first)
+    solo = _prompt(8, 100)
+    run([(solo, [])])
+    assert run([(solo, [])]).prompts[0].reused == 0  # a repeat would need a cut 2 short
+    shared = run([(_prompt(5, 100 * q), [2, 3]) for q in range(1, 3)])
+    assert len(shared.steps) == 2  # the state is still decoded once, then copied whole
+    for _ in range(3):
+        run([(_prompt(9, 100 * q), [4]) for q in range(1, 3)])
