@@ -225,7 +225,7 @@ class StreamCache:
             limit = self._cap(target.tokens)
             target.source, target.shared, target.reused = self._best(target.tokens, limit)
         groups = self._groups(targets)
-        self._assign(targets)
+        self._assign(targets, [group.leader for group in groups])
         first: list[Copy] = []
         second: list[Copy] = []
         stems: dict[int, list[Row]] = {}
@@ -283,15 +283,16 @@ class StreamCache:
             return _Group(members, leader, stem=0, common=0)
         return _Group(members, leader, stem=self._stem(members, common), common=common)
 
-    def _assign(self, targets: list[_Target]) -> None:
+    def _assign(self, targets: list[_Target], readers: list[_Target]) -> None:
         """A stream per target: from the pool (empty, then least recently used), keeping
-        every stream a target reads from; when the pool runs short, the least recently used
-        of those streams is overwritten by one of its own readers."""
-        sources = {t.source for t in targets if t.source is not None and t.reused > 0}
+        every stream a reader (a group's leader, or a target alone) takes a prefix from;
+        when the pool runs short, the least recently used of those streams is overwritten
+        by one of its own readers."""
+        sources = {t.source for t in readers if t.source is not None and t.reused > 0}
         pool = self._pool(exclude=sources)
         short = len(targets) - len(pool)
         for source in sorted(sources, key=lambda s: self.last_used[s])[: max(short, 0)]:
-            reader = max((t for t in targets if t.source == source), key=lambda t: t.reused)
+            reader = max((t for t in readers if t.source == source), key=lambda t: t.reused)
             reader.stream = source
         free = iter(pool)
         for target in targets:
@@ -318,11 +319,17 @@ class StreamCache:
     def _micro_batches(self, tracks: dict[int, list[Row]]) -> tuple[tuple[Row, ...], ...]:
         """Cut rows into the micro-batches llama.cpp's sequential equal split makes: a run of
         consecutive stream ids, the same number of rows from each, at most UBATCH_ROWS in
-        all; a stream that would be left fewer than `min_rows` rows waits for a later one."""
+        all; a stream that would be left fewer than `min_rows` rows waits for a later one. A
+        stream with fewer rows than that in all (a one-token prompt: the one case the exact
+        path cannot make exact) decodes alone, so it never cuts its neighbours short."""
         left = {seq: list(rows) for seq, rows in tracks.items() if rows}
         batches: list[tuple[Row, ...]] = []
         while left:
-            run = _consecutive(sorted(left))
+            seqs = sorted(left)
+            if len(left[seqs[0]]) < self.min_rows:
+                run = seqs[:1]
+            else:
+                run = _consecutive([seq for seq in seqs if len(left[seq]) >= self.min_rows])
             while True:
                 cap = UBATCH_ROWS // len(run)
                 take = min(cap, *(len(left[seq]) for seq in run))
@@ -385,7 +392,7 @@ class StreamCache:
             released=tuple(sorted(t.stream for t in targets if t.continuation)),
             redecoded=redecoded,
             resident=tuple((t.stream, t.tokens) for t in targets if not t.continuation),
-            read=tuple(sorted({t.source for t in targets if t.source is not None})),
+            read=tuple(sorted({g.leader.source for g in groups if g.leader.source is not None})),
         )
 
     def commit(self, plan: PassPlan) -> None:

@@ -226,3 +226,13 @@ def test_a_recurrent_model_takes_only_whole_streams() -> None:
     assert len(shared.steps) == 2  # the state is still decoded once, then copied whole
     for _ in range(3):
         run([(_prompt(9, 100 * q), [4]) for q in range(1, 3)])
+
+
+def test_a_one_token_prompt_decodes_alone_and_never_cuts_its_neighbour_short() -> None:
+    cache = StreamCache(4, 64, exact=True)
+    plan = cache.plan([([5], []), ([1, 2, 3, 4], [])])
+    long_stream = plan.rows[plan.prompts[1].last_row].seq
+    for batch in plan.steps[0].micro_batches:
+        mine = [row for row in batch if row.seq == long_stream]
+        assert not mine or len(mine) >= MIN_ROWS
+        assert len({row.seq for row in batch}) == 1  # the one-row stream rides alone
