@@ -702,7 +702,7 @@ class GenerationRun:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._seq = engine.cache.reserve()
         self.evicted = True  # the context is not (or no longer) in the cache
-        self.decoded = 0  # context tokens the sequence holds
+        self._decoded = 0  # context tokens the sequence holds
         self._text = ""
         self._count = 0
         self._finish: Literal["stop", "length"] | None = None
@@ -738,10 +738,10 @@ class GenerationRun:
             engine._take(Copy(base if length > 0 else None, self._seq, length))
             if self.reused_tokens < 0:
                 self.reused_tokens = length
-            self.decoded = length
+            self._decoded = length
             self.evicted = False
-        engine._decode_context(self._seq, self._context, self.decoded)
-        self.decoded = len(self._context)
+        engine._decode_context(self._seq, self._context, self._decoded)
+        self._decoded = len(self._context)
 
     def _end(self, finish: Literal["stop", "length"], tail: str) -> bool:
         self._text += tail

@@ -262,12 +262,10 @@ class StreamCache:
         common = len(order[0].tokens)
         for before, target in pairwise(order):
             joined = min(common, common_prefix(before.tokens, target.tokens))
-            if (
-                self._stem([*members, target], joined)
-                - max(member.reused for member in [*members, target])
-                >= STEM_MIN_SHARED
-            ):
-                members, common = [*members, target], joined
+            grown = [*members, target]
+            saved = self._stem(grown, joined) - max(member.reused for member in grown)
+            if saved >= STEM_MIN_SHARED:
+                members, common = grown, joined
                 continue
             groups.append(self._group(members, common))
             members, common = [target], len(target.tokens)

@@ -177,7 +177,7 @@ def test_scoring_between_chat_steps_leaves_the_chat_as_it_is_alone(tiny_gguf: Pa
                 assert not run.step()
             for _ in range(24):  # 72 new prompts: every free stream is overwritten twice
                 engine.score([[rng.randrange(3, 200) for _ in range(150)] for _ in range(3)])
-                assert not run.step() or run.result()
+                run.step()  # a token between passes (it may finish meanwhile)
             engine.reset()
             while not run.step():
                 pass
