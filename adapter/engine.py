@@ -437,6 +437,8 @@ class LlamaEngine:
         self,
         prompts: Sequence[Sequence[int]],
         continuations: Sequence[Sequence[int]] | None = None,
+        *,
+        continuing: bool = False,
     ) -> tuple[list[PromptScore], BatchTiming]:
         """Score every prompt in one pass; prompts share whatever prefix they have in
         common with each other and with the resident prefixes of earlier passes.
@@ -444,7 +446,9 @@ class LlamaEngine:
         `continuations[i]` lists tokens whose next-token logits are wanted after prompt i
         (each costs one extra row and sequence). Identical prompts are scored once. The
         layout (adapter/kv_layout.py) makes every result independent of what the cache
-        held and of what else rode in the pass.
+        held and of what else rode in the pass. With prefix reuse off the cache is emptied
+        first, unless the caller says the pass is `continuing` requests that the passes
+        just before began: a request larger than one pass then decodes its state once.
         """
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -468,7 +472,7 @@ class LlamaEngine:
             raise CapacityError(
                 f"the pass needs {sequences} sequences; at most {self.max_branches} fit"
             )
-        if not self.prefix_reuse:
+        if not (self.prefix_reuse or continuing):
             self.reset()
         started = time.perf_counter()
         try:

@@ -281,7 +281,12 @@ class Scheduler:
             if job.started is None:
                 job.started = started
         try:
-            scores, timing = self.engine.score(prompts, continuations)
+            scores, timing = self.engine.score(
+                prompts,
+                continuations,
+                # Only the queue's head can continue, so its earlier passes came just before.
+                continuing=all(start > 0 for _, start, _ in batch),
+            )
         except Exception as error:  # the worker outlives any one pass
             failure = self._failure(error)
             with self._condition:

@@ -2,7 +2,8 @@
 
 Everything runs on this machine in one process tree, one thing at a time (an in-process
 engine and a server measured together would steal each other's cores). Each round runs:
-- the limit: raw llama.cpp forwards of the exact token sequences, in-process (LlamaEngine);
+- the limit: raw llama.cpp forwards of the exact token sequences, in-process (LlamaEngine),
+  loaded for the whole round and taken in turn with each server measurement it bounds;
 - `serve` without prefix reuse: cold start, single decisions, the shared-state request
   against the same decisions sent one by one, peak resident memory;
 - `serve` with prefix reuse: a follow-up question about the previous request's state, and
@@ -24,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -32,6 +34,7 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
+from adapter.engine import BatchTiming
 from adapter.prompts import ANSWER_LETTERS
 from adapter.runtime import load_service
 from adapter.schema import Decision
@@ -205,34 +208,53 @@ class Samples:
     peer_peak_rss_bytes: list[int] = field(default_factory=list)
 
 
-def measure_limits(settings: Settings, workload: Workload, samples: Samples) -> None:
-    """Raw forwards in-process on the server's engine settings: cold (cache cleared) for
-    singles and the shared batch; for the follow-up, the second prompt's forward right after
-    the first, which is its suffix alone."""
-    service, load_seconds = timed(lambda: load_service(settings))
-    engine = service.engine
-    try:
-        singles = [service.render([decision], "single")[0] for decision in workload.singles]
-        shared = [tokens for _, tokens in service.render(workload.shared, "shared")]
-        engine.score([singles[0][1]])  # warm-up, untimed: first decodes allocate and page in
-        for _, tokens in singles:
-            engine.reset()
-            samples.single_forward.append(timed(partial(engine.score, [tokens]))[1])
-        for _ in range(workload.shared_repeats):
-            engine.reset()
-            (_, timing), seconds = timed(partial(engine.score, shared))
-            samples.shared_forward.append(seconds)
-        samples.shared_forward_breakdown = asdict(timing)
-        for first, second in workload.follow_ups:
-            (_, first_tokens), (_, second_tokens) = service.render([first, second], "shared")
-            engine.reset()
-            engine.score([first_tokens])
-            samples.follow_up_forward.append(timed(partial(engine.score, [second_tokens]))[1])
-    finally:
-        engine.close()
-    samples.load_seconds.append(load_seconds)
-    samples.single_texts = [text for text, _ in singles]
-    samples.single_tokens = [len(tokens) for _, tokens in singles]
+def time_load(settings: Settings) -> float:
+    """Figure 4a's reference: an in-process load of the server's engine, then closed."""
+    service, seconds = timed(lambda: load_service(settings))
+    service.close(wait_seconds=5.0)
+    return seconds
+
+
+class Limit:
+    """The reference side of figures 1-3: raw llama.cpp forwards of the exact token
+    sequences, in-process on the server's engine settings. It stays loaded while the
+    servers run, and each limit is taken in turn with its server measurement, so a shared
+    machine's drift lands on both sides of a ratio (the two never decode at once)."""
+
+    def __init__(self, settings: Settings, workload: Workload, samples: Samples) -> None:
+        self.service = load_service(settings)
+        self.engine = self.service.engine
+        singles = [self.service.render([decision], "single")[0] for decision in workload.singles]
+        samples.single_texts = [text for text, _ in singles]
+        samples.single_tokens = [len(tokens) for _, tokens in singles]
+        self.engine.score([singles[0][1]])  # warm-up, untimed: first decodes allocate and page in
+
+    def __enter__(self) -> Limit:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.service.close(wait_seconds=5.0)
+
+    def single(self, decision: Decision) -> float:
+        """A cold forward (cache cleared) of a single decision's prompt."""
+        ((_, tokens),) = self.service.render([decision], "single")
+        self.engine.reset()
+        return timed(partial(self.engine.score, [tokens]))[1]
+
+    def shared(self, decisions: Sequence[Decision]) -> tuple[BatchTiming, float]:
+        """One cold call scoring a shared-state request's prompts: the state once, then
+        every suffix in one batch."""
+        prompts = [tokens for _, tokens in self.service.render(decisions, "shared")]
+        self.engine.reset()
+        (_, timing), seconds = timed(partial(self.engine.score, prompts))
+        return timing, seconds
+
+    def follow_up(self, first: Decision, second: Decision) -> float:
+        """The second prompt's forward right after the first: its suffix alone."""
+        (_, first_tokens), (_, second_tokens) = self.service.render([first, second], "shared")
+        self.engine.reset()
+        self.engine.score([first_tokens])
+        return timed(partial(self.engine.score, [second_tokens]))[1]
 
 
 def invoke_timed(client: Invoker, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
@@ -251,23 +273,35 @@ def local_client(server: ServerProcess, workload: Workload) -> Invoker:
     return client
 
 
-def measure_cold_server(server: ServerProcess, workload: Workload, samples: Samples) -> None:
-    """`serve` without prefix reuse: singles, then the shared state one by one and at once."""
+def measure_cold_server(
+    server: ServerProcess, limit: Limit, workload: Workload, samples: Samples
+) -> None:
+    """`serve` without prefix reuse: singles, then the shared state one by one and at
+    once, each single and each shared request in turn with its limit."""
     client = local_client(server, workload)
-    samples.single_invocations.extend(send_singles(client, workload.singles))
+    for decision in workload.singles:
+        samples.single_forward.append(limit.single(decision))
+        samples.single_invocations.append(invoke_timed(client, single_body(decision))[1])
     samples.separate_requests.append(send_singles(client, workload.shared))
     for _ in range(workload.shared_repeats):
+        timing, seconds = limit.shared(workload.shared)
+        samples.shared_forward.append(seconds)
         answer, seconds = invoke_timed(client, shared_body(workload.shared))
         samples.shared_request.append(seconds)
+    samples.shared_forward_breakdown = asdict(timing)
     samples.shared_request_timing = answer["timing"]
     samples.cold_start.append(server.cold_start_seconds)
     samples.peak_rss_bytes.append(server.peak_rss_bytes())
 
 
-def measure_warm_server(server: ServerProcess, workload: Workload, samples: Samples) -> None:
-    """`serve` with prefix reuse: a follow-up question, then the singles as a user sends them."""
+def measure_warm_server(
+    server: ServerProcess, limit: Limit, workload: Workload, samples: Samples
+) -> None:
+    """`serve` with prefix reuse: a follow-up question (in turn with its limit), then the
+    singles as a user sends them."""
     client = local_client(server, workload)
     for first, second in workload.follow_ups:
+        samples.follow_up_forward.append(limit.follow_up(first, second))
         client.invoke(single_body(first))
         answer, seconds = invoke_timed(client, single_body(second))
         samples.follow_up_invocations.append(seconds)
@@ -589,12 +623,16 @@ def run_round(gguf: Path, args: argparse.Namespace, workload: Workload, samples:
     """One pass of every measurement, never two at once; rounds spread slow phases of a
     shared machine over all figures instead of one."""
     settings = Settings(gguf_path=gguf, threads=args.threads, n_gpu_layers=args.n_gpu_layers)
-    measure_limits(settings, workload, samples)
     options = {"log_dir": args.out, "threads": args.threads, "n_gpu_layers": args.n_gpu_layers}
-    with serve_model(gguf, prefix_reuse=False, **options) as server:
-        measure_cold_server(server, workload, samples)
-    with serve_model(gguf, prefix_reuse=True, **options) as server:
-        measure_warm_server(server, workload, samples)
+    samples.load_seconds.append(time_load(settings))
+    with ExitStack() as round_scope:
+        with serve_model(gguf, prefix_reuse=False, **options) as server:
+            # Loaded after the server started: this VM's page faults are several times
+            # slower with another model resident, so figure 4a's two loads each run alone.
+            limit = round_scope.enter_context(Limit(settings, workload, samples))
+            measure_cold_server(server, limit, workload, samples)
+        with serve_model(gguf, prefix_reuse=True, **options) as server:
+            measure_warm_server(server, limit, workload, samples)
     if not args.no_peer:
         with serve_peer(gguf, n_ctx=PEER_CONTEXT, **options) as server:
             measure_peer(server, workload, samples)

@@ -28,13 +28,13 @@ def test_a_request_whose_client_left_is_dropped_before_its_pass(tiny_model_dir: 
         scored: list[int] = []
         first_pass = threading.Event()
 
-        def slow_score(prompts: Sequence[Sequence[int]], *args: Any) -> Any:
+        def slow_score(prompts: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> Any:
             # The first pass holds the worker long enough for the second caller to leave.
             scored.append(len(prompts))
             if len(scored) == 1:
                 first_pass.set()
                 time.sleep(1.5)
-            return real_score(prompts, *args)
+            return real_score(prompts, *args, **kwargs)
 
         engine.score = slow_score  # type: ignore[method-assign,assignment]
         slow = threading.Thread(

@@ -141,6 +141,26 @@ def test_prefix_reuse_can_be_disabled(tiny_gguf: Path) -> None:
         fresh.engine.close()
 
 
+def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
+    tiny_gguf: Path,
+) -> None:
+    fresh = open_test_model(tiny_gguf, prefix_reuse=False)
+    try:
+        fresh.engine.pass_rows = 64  # below one prompt: every question is a pass of its own
+        service = service_of(fresh)
+        asked = service.decide(questions(), "shared")
+        prompts = [tokens for _, tokens in service.render(questions(), "shared")]
+        state = common_prefix_length(prompts[0], prompts[1])
+        assert asked["timing"]["passes"] == len(prompts)
+        # Later passes continue from the first one's stream: the state is decoded once.
+        assert asked["timing"]["evaluated_tokens"] < len(prompts[0]) + 2 * (len(prompts[0]) - state)
+        # The next request starts from an empty cache.
+        again = service.decide(questions()[:1], "single")
+        assert again["timing"]["reused_tokens"] == 0
+    finally:
+        fresh.engine.close()
+
+
 def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> None:
     small = LlamaEngine(tiny_gguf, stream_cells=256, max_branches=16, threads=2, n_gpu_layers=0)
     try:

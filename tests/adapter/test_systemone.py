@@ -108,9 +108,9 @@ def test_usage_counts_the_shared_state_once_in_batched_passes(
     calls: list[int] = []
     real_score = service.engine.score
 
-    def counting(*args: Any) -> Any:
+    def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(len(args[0]))
-        return real_score(*args)
+        return real_score(*args, **kwargs)
 
     monkeypatch.setattr(service.engine, "score", counting)
     each = [
