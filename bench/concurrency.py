@@ -11,8 +11,10 @@ A non-200 answer is counted, not retried: a client that has to retry is a failur
 queue, and the point of the error figure is that there are none.
 
 The limit scores the same prompts in-process on the server's own engine settings, as many
-per engine call as there are clients (no more can be waiting); it runs before any server
-starts, so nothing shares the cores.
+per engine call as there are clients (no more can be waiting). It and the server with
+batching off stay loaded through our server's sweep and are measured right next to its
+compare level, one thing at a time, so the machine's drift lands on every side of figures
+6b and 6c.
 """
 
 from __future__ import annotations
@@ -315,56 +317,59 @@ class ConcurrencyRun:
         }
 
 
-def measure_limit(
-    settings: Settings, plan: Plan, run: ConcurrencyRun
-) -> tuple[PeerPrompt, dict[int, list[PeerPrompt]]]:
-    """The in-process limit at the compare level; returns the warm-up's and every peer
-    level's prompt tokens (the peer is sent our exact tokens, so both engines evaluate the
-    same sequences).
+class Limit:
+    """The in-process limit at the compare level, loaded for the whole sweep of our
+    servers so that its repeats are taken right before and after the compare level
+    (this machine's speed drifts 15-40 % within minutes). It also renders the warm-up's
+    and every peer level's prompt tokens (the peer is sent our exact tokens, so both
+    engines evaluate the same sequences).
 
     N closed-loop clients never have more than N requests waiting, so the limit scores the
     level's prompts N at a time, one engine call each, in order, on the server's engine
     settings: the best any server could do with those clients."""
-    service = load_service(settings)
-    engine = service.engine
-    try:
 
-        def prompt(decision: Decision) -> PeerPrompt:
-            (_, tokens), *_ = service.render([decision], "single")
-            labels = service.labels.token_ids(answer_labels(len(decision.options)))
-            return PeerPrompt(tokens, frozenset(label[0] for label in labels))
-
-        limit = [prompt(d).tokens for d in plan.decisions("distinct", plan.compare_level)]
-        peer = {n: [prompt(d) for d in plan.decisions("distinct", n)] for n in plan.peer_levels}
-        warm_up = prompt(WARM_UP)
-        engine.score([warm_up.tokens])  # untimed: first decodes allocate and page in
-        calls = [
-            limit[i : i + plan.compare_level] for i in range(0, len(limit), plan.compare_level)
+    def __init__(self, settings: Settings, plan: Plan) -> None:
+        self.service = load_service(settings)
+        self.engine = self.service.engine
+        prompts = [self._prompt(d).tokens for d in plan.decisions("distinct", plan.compare_level)]
+        self.calls = [
+            prompts[i : i + plan.compare_level] for i in range(0, len(prompts), plan.compare_level)
         ]
-        for _ in range(plan.limit_repeats):
-            engine.reset()
+        self.peer = {
+            n: [self._prompt(d) for d in plan.decisions("distinct", n)] for n in plan.peer_levels
+        }
+        self.warm_up = self._prompt(WARM_UP)
+        self.engine.score([self.warm_up.tokens])  # untimed: first decodes allocate and page in
+
+    def __enter__(self) -> Limit:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.service.close(wait_seconds=5.0)
+
+    def _prompt(self, decision: Decision) -> PeerPrompt:
+        (_, tokens), *_ = self.service.render([decision], "single")
+        labels = self.service.labels.token_ids(answer_labels(len(decision.options)))
+        return PeerPrompt(tokens, frozenset(label[0] for label in labels))
+
+    def measure(self, run: ConcurrencyRun, repeats: int) -> None:
+        """`repeats` timed runs of every call, each from a cleared cache."""
+        for _ in range(repeats):
+            self.engine.reset()
             started = time.perf_counter()
-            timings = [engine.score(call)[1] for call in calls]
+            timings = [self.engine.score(call)[1] for call in self.calls]
             run.limit_seconds.append(time.perf_counter() - started)
-    finally:
-        engine.close()
-    run.limit_prompts = len(limit)
-    run.limit_calls = len(calls)
-    run.prompt_tokens = [len(tokens) for tokens in limit]
-    run.limit_timings = [asdict(timing) for timing in timings]
-    return warm_up, peer
+            run.limit_timings = [asdict(timing) for timing in timings]
+        run.limit_prompts = sum(len(call) for call in self.calls)
+        run.limit_calls = len(self.calls)
+        run.prompt_tokens = [len(tokens) for call in self.calls for tokens in call]
 
 
-def _sweep(
-    server: ServerProcess, plan: Plan, workload: str, levels: Sequence[int]
-) -> dict[int, Level]:
-    return {
-        clients: summarize_level(
-            clients,
-            closed_loop(server.base_url, plan.decisions(workload, clients), clients, send_decision),
-        )
-        for clients in levels
-    }
+def _level(server: ServerProcess, plan: Plan, workload: str, clients: int) -> Level:
+    return summarize_level(
+        clients,
+        closed_loop(server.base_url, plan.decisions(workload, clients), clients, send_decision),
+    )
 
 
 def _warm_up(server: ServerProcess, send: Send[T], item: T) -> None:
@@ -383,18 +388,30 @@ def measure_concurrency(
     peer: PeerBinary | None,
     peer_skipped: str | None = None,
 ) -> ConcurrencyRun:
-    """The limit in-process, then our server (batching on, every level, both workloads),
-    our server with batching off, and llama-server at each peer level: one at a time."""
+    """Our server (batching on, every level, both workloads) with the in-process limit
+    and our server with batching off taken next to its compare level, then llama-server
+    at each peer level: one at a time (the idle ones only hold memory)."""
     run = ConcurrencyRun(plan=plan, peer_skipped=peer_skipped)
     settings = Settings(gguf_path=gguf, threads=threads, n_gpu_layers=n_gpu_layers)
-    peer_warm_up, peer_prompts = measure_limit(settings, plan, run)
     options: dict[str, Any] = {"log_dir": log_dir, "threads": threads, "n_gpu_layers": n_gpu_layers}
-    with serve_model(gguf, **options) as server:
+    with (
+        Limit(settings, plan) as limit,
+        serve_model(gguf, **options) as server,
+        serve_model(gguf, max_batch_requests=1, **options) as serial,
+    ):
         _warm_up(server, send_decision, WARM_UP)
-        run.ours = {workload: _sweep(server, plan, workload, plan.levels) for workload in WORKLOADS}
-    with serve_model(gguf, max_batch_requests=1, **options) as server:
-        _warm_up(server, send_decision, WARM_UP)
-        run.serial = _sweep(server, plan, "distinct", [plan.compare_level])[plan.compare_level]
+        _warm_up(serial, send_decision, WARM_UP)
+        for workload in WORKLOADS:
+            run.ours[workload] = {}
+            for clients in plan.levels:
+                compare = workload == "distinct" and clients == plan.compare_level
+                if compare:
+                    limit.measure(run, (plan.limit_repeats + 1) // 2)
+                run.ours[workload][clients] = _level(server, plan, workload, clients)
+                if compare:
+                    run.serial = _level(serial, plan, workload, clients)
+                    limit.measure(run, plan.limit_repeats // 2)
+        peer_warm_up, peer_prompts = limit.warm_up, limit.peer
     if peer is not None:
         run.peer_build = peer.info
         for clients, prompts in peer_prompts.items():
