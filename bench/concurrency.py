@@ -33,10 +33,9 @@ from typing import Any, TypeVar
 import httpx
 
 from adapter.prompts import answer_labels
-from adapter.runtime import load_service
 from adapter.schema import Decision
 from adapter.settings import Settings
-from bench.local import ServerProcess, serve_llama_server, serve_model
+from bench.local import InProcessModel, ServerProcess, serve_llama_server, serve_model
 from bench.metrics import latency_summary
 from bench.peer_server import PeerBinary
 from bench.runner import save_figure
@@ -317,7 +316,7 @@ class ConcurrencyRun:
         }
 
 
-class Limit:
+class BatchLimit(InProcessModel):
     """The in-process limit at the compare level, loaded for the whole sweep of our
     servers so that its repeats are taken right before and after the compare level
     (this machine's speed drifts 15-40 % within minutes). It also renders the warm-up's
@@ -329,8 +328,7 @@ class Limit:
     settings: the best any server could do with those clients."""
 
     def __init__(self, settings: Settings, plan: Plan) -> None:
-        self.service = load_service(settings)
-        self.engine = self.service.engine
+        super().__init__(settings)
         prompts = [self._prompt(d).tokens for d in plan.decisions("distinct", plan.compare_level)]
         self.calls = [
             prompts[i : i + plan.compare_level] for i in range(0, len(prompts), plan.compare_level)
@@ -340,12 +338,6 @@ class Limit:
         }
         self.warm_up = self._prompt(WARM_UP)
         self.engine.score([self.warm_up.tokens])  # untimed: first decodes allocate and page in
-
-    def __enter__(self) -> Limit:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.service.close(wait_seconds=5.0)
 
     def _prompt(self, decision: Decision) -> PeerPrompt:
         (_, tokens), *_ = self.service.render([decision], "single")
@@ -395,7 +387,7 @@ def measure_concurrency(
     settings = Settings(gguf_path=gguf, threads=threads, n_gpu_layers=n_gpu_layers)
     options: dict[str, Any] = {"log_dir": log_dir, "threads": threads, "n_gpu_layers": n_gpu_layers}
     with (
-        Limit(settings, plan) as limit,
+        BatchLimit(settings, plan) as limit,
         serve_model(gguf, **options) as server,
         serve_model(gguf, max_batch_requests=1, **options) as serial,
     ):

@@ -1,9 +1,10 @@
-"""Local server processes for the benchmarks: our `serve`, llama-cpp-python's server, and
-llama.cpp's own `llama-server` (built by bench.peer_server).
+"""Local models for the benchmarks: server processes (our `serve`, llama-cpp-python's
+server, llama.cpp's own `llama-server`, built by bench.peer_server), and our engine loaded
+in this process as the limit they are measured against.
 
-All run as real subprocesses on a free loopback port, so what is measured is what a user
-runs. The start time is taken before the process is spawned, so cold start includes the
-interpreter, imports and model load; /proc gives the peak resident memory afterwards.
+Servers run as real subprocesses on a free loopback port, so what is measured is what a
+user runs. The start time is taken before the process is spawned, so cold start includes
+the interpreter, imports and model load; /proc gives the peak resident memory afterwards.
 """
 
 from __future__ import annotations
@@ -19,11 +20,29 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
+
+from adapter.runtime import load_service
+from adapter.settings import Settings
 
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 180.0
 POLL_INTERVAL_S = 0.02
+
+
+class InProcessModel:
+    """The server's engine (`load_service` on its settings) in this process, beside the
+    servers measured against it: both stay loaded, one computes at a time."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.service = load_service(settings)
+        self.engine = self.service.engine
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.service.close(wait_seconds=5.0)
 
 
 class ServerStartError(RuntimeError):

@@ -36,7 +36,6 @@ import httpx
 
 from adapter.engine import BatchTiming
 from adapter.prompts import ANSWER_LETTERS
-from adapter.runtime import load_service
 from adapter.schema import Decision
 from adapter.settings import Settings
 from bench.concurrency import (
@@ -48,7 +47,7 @@ from bench.concurrency import (
     measure_concurrency,
 )
 from bench.concurrency import write_plot as write_concurrency_plot
-from bench.local import ServerProcess, serve_model, serve_peer
+from bench.local import InProcessModel, ServerProcess, serve_model, serve_peer
 from bench.peer_server import PeerBinary, cached_llama_server, llama_server
 from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
 from bench.tasks import shared_body, single_body
@@ -210,30 +209,23 @@ class Samples:
 
 def time_load(settings: Settings) -> float:
     """Figure 4a's reference: an in-process load of the server's engine, then closed."""
-    service, seconds = timed(lambda: load_service(settings))
-    service.close(wait_seconds=5.0)
-    return seconds
+    model, seconds = timed(partial(InProcessModel, settings))
+    with model:
+        return seconds
 
 
-class Limit:
+class ForwardLimit(InProcessModel):
     """The reference side of figures 1-3: raw llama.cpp forwards of the exact token
     sequences, in-process on the server's engine settings. It stays loaded while the
     servers run, and each limit is taken in turn with its server measurement, so a shared
     machine's drift lands on both sides of a ratio (the two never decode at once)."""
 
     def __init__(self, settings: Settings, workload: Workload, samples: Samples) -> None:
-        self.service = load_service(settings)
-        self.engine = self.service.engine
+        super().__init__(settings)
         singles = [self.service.render([decision], "single")[0] for decision in workload.singles]
         samples.single_texts = [text for text, _ in singles]
         samples.single_tokens = [len(tokens) for _, tokens in singles]
         self.engine.score([singles[0][1]])  # warm-up, untimed: first decodes allocate and page in
-
-    def __enter__(self) -> Limit:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.service.close(wait_seconds=5.0)
 
     def single(self, decision: Decision) -> float:
         """A cold forward (cache cleared) of a single decision's prompt."""
@@ -274,7 +266,7 @@ def local_client(server: ServerProcess, workload: Workload) -> Invoker:
 
 
 def measure_cold_server(
-    server: ServerProcess, limit: Limit, workload: Workload, samples: Samples
+    server: ServerProcess, limit: ForwardLimit, workload: Workload, samples: Samples
 ) -> None:
     """`serve` without prefix reuse: singles, then the shared state one by one and at
     once, each single and each shared request in turn with its limit."""
@@ -295,7 +287,7 @@ def measure_cold_server(
 
 
 def measure_warm_server(
-    server: ServerProcess, limit: Limit, workload: Workload, samples: Samples
+    server: ServerProcess, limit: ForwardLimit, workload: Workload, samples: Samples
 ) -> None:
     """`serve` with prefix reuse: a follow-up question (in turn with its limit), then the
     singles as a user sends them."""
@@ -629,7 +621,7 @@ def run_round(gguf: Path, args: argparse.Namespace, workload: Workload, samples:
         with serve_model(gguf, prefix_reuse=False, **options) as server:
             # Loaded after the server started: this VM's page faults are several times
             # slower with another model resident, so figure 4a's two loads each run alone.
-            limit = round_scope.enter_context(Limit(settings, workload, samples))
+            limit = round_scope.enter_context(ForwardLimit(settings, workload, samples))
             measure_cold_server(server, limit, workload, samples)
         with serve_model(gguf, prefix_reuse=True, **options) as server:
             measure_warm_server(server, limit, workload, samples)

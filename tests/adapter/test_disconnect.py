@@ -36,7 +36,7 @@ def test_a_request_whose_client_left_is_dropped_before_its_pass(tiny_model_dir: 
                 time.sleep(1.5)
             return real_score(prompts, *args, **kwargs)
 
-        engine.score = slow_score  # type: ignore[method-assign,assignment]
+        engine.score = slow_score  # type: ignore[method-assign]
         slow = threading.Thread(
             target=httpx.post,
             args=(f"{url}/invocations",),

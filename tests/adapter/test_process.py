@@ -3,6 +3,7 @@ README's main job end to end."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from adapter.serve import bind
+from adapter.settings import Settings
 from tests.support.serving import REPO, decision
 
 SERVE = str(Path(sys.executable).with_name("serve"))
@@ -126,6 +129,29 @@ def test_serve_answers_on_the_sagemaker_port_with_keep_alive(served_tiny: int) -
         assert response.status == 200
         assert payload["result"]["option_ids"] == ["account_access", "billing", "sales"]
     assert connection.sock is not None
+
+
+def test_connections_on_the_served_socket_send_without_nagle_delay() -> None:
+    """uvicorn accepts on `bind`'s socket through asyncio, which disables Nagle only where the
+    socket names TCP; with Nagle on, each answer's body waits for the client's delayed ACK."""
+
+    async def accept_one() -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def connected(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            sock = writer.get_extra_info("socket")
+            accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        listening = bind(Settings(host="127.0.0.1", port=0))
+        server = await asyncio.start_server(connected, sock=listening)
+        async with server:
+            _, writer = await asyncio.open_connection(*listening.getsockname())
+            nodelay = await asyncio.wait_for(accepted, 10)
+            writer.close()
+            return nodelay
+
+    assert asyncio.run(accept_one()) != 0
 
 
 @pytest.mark.slow
