@@ -245,6 +245,8 @@ class Scheduler:
             taken.append((job, job.done, end))
             if end < len(job.prompts):
                 break  # the pass is full
+            if job.done > 0 and not self.engine.prefix_reuse:
+                break  # a newcomer would empty the cache this request's rest reads from
         return taken
 
     def _expired(self, job: _Job, now: float) -> bool:

@@ -3,7 +3,8 @@
 Everything runs on this machine in one process tree, one thing at a time (an in-process
 engine and a server measured together would steal each other's cores). Each round runs:
 - the limit: raw llama.cpp forwards of the exact token sequences, in-process (LlamaEngine),
-  loaded for the whole round and taken in turn with each server measurement it bounds;
+  loaded once the first server is up and kept through both of ours, each forward taken
+  right before the server measurement it bounds (figure 4a times a separate load);
 - `serve` without prefix reuse: cold start, single decisions, the shared-state request
   against the same decisions sent one by one, peak resident memory;
 - `serve` with prefix reuse: a follow-up question about the previous request's state, and

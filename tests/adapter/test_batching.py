@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import random
 import threading
+import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from adapter.engine import Sampling
+from adapter.engine import BatchTiming, PromptScore, Sampling
 from adapter.errors import RequestError, UnavailableError
 from adapter.runtime import LoadedModel
+from adapter.scheduler import Scheduler
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
 from tests.support.models import open_test_model
@@ -186,3 +189,53 @@ def test_scoring_between_chat_steps_leaves_the_chat_as_it_is_alone(tiny_gguf: Pa
         assert run.result().text == alone.text
     finally:
         engine.close()
+
+
+class _RecordingEngine:
+    """Just what the scheduler reads of an engine; `score` records each pass and holds the
+    first one until released, so a second request can queue behind it."""
+
+    pass_rows = 95  # a 91-token prompt, but not its sibling too (adapter.scheduler costs)
+    max_branches = 16
+    prefix_reuse = False
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, bool]] = []
+        self.release = threading.Event()
+
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        *,
+        continuing: bool,
+    ) -> tuple[list[PromptScore], BatchTiming]:
+        self.passes.append((len(prompts), continuing))
+        self.release.wait(10)
+        scores = [PromptScore(np.zeros(4, np.float32), len(prompt)) for prompt in prompts]
+        return scores, BatchTiming(sum(map(len, prompts)), 0, 0, 0, 0.0)
+
+
+def test_without_reuse_a_continuing_request_gets_its_last_pass_to_itself() -> None:
+    """A newcomer in that pass would empty the cache the request's rest reads from."""
+    engine = _RecordingEngine()
+    scheduler = Scheduler(
+        engine,  # type: ignore[arg-type]
+        max_queue=8,
+        queue_timeout_seconds=10,
+        max_batch_requests=8,
+        on_native_failure=lambda _: None,
+    )
+    try:
+        state = list(range(90))
+        shared = scheduler.submit([[*state, 1], [*state, 2]], [(), ()], time.monotonic() + 10)
+        while not engine.passes:
+            time.sleep(0.01)
+        newcomer = scheduler.submit([[7, 8]], [()], time.monotonic() + 10)
+        engine.release.set()
+        shared.future.result(10)
+        newcomer.future.result(10)
+    finally:
+        scheduler.close(5)
+    # The first prompt fills a pass; its sibling and the newcomer would fit the next one.
+    assert engine.passes == [(1, False), (1, True), (1, False)]

@@ -153,7 +153,8 @@ def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
         state = common_prefix_length(prompts[0], prompts[1])
         assert asked["timing"]["passes"] == len(prompts)
         # Later passes continue from the first one's stream: the state is decoded once.
-        assert asked["timing"]["evaluated_tokens"] < len(prompts[0]) + 2 * (len(prompts[0]) - state)
+        once = sum(len(prompt) for prompt in prompts) - (len(prompts) - 1) * (state - MIN_ROWS)
+        assert asked["timing"]["evaluated_tokens"] <= once
         # The next request starts from an empty cache.
         again = service.decide(questions()[:1], "single")
         assert again["timing"]["reused_tokens"] == 0
