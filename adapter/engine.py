@@ -29,9 +29,11 @@ import bisect
 import codecs
 import ctypes
 import os
+import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -42,6 +44,14 @@ import numpy as np
 import numpy.typing as npt
 
 from adapter.kv_layout import UBATCH_ROWS, Copy, PassPlan, Row, StreamCache
+from adapter.weight_buffers import (
+    BufferChoice,
+    CpuBackend,
+    WeightBufferError,
+    WeightBuffers,
+    check_landed,
+    choose_buffers,
+)
 
 _ALL_LAYERS = 1_000_000
 # KV streams: each holds one sequence of up to `stream_cells` tokens. A pass decodes at most
@@ -63,6 +73,8 @@ _SPECIAL_ATTRS = (
 )
 _FORGEABLE_ATTRS = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 _C_SPACE = " \t\n\v\f\r"  # what llama.cpp's isspace() strips next to LSTRIP/RSTRIP tokens
+# llama.cpp's load log names every buffer the weights went to, with its size.
+_BUFFER_LINE = re.compile(r"^\S+:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
 
 
 class ModelLoadError(RuntimeError):
@@ -200,6 +212,72 @@ def read_weights_into_memory(params: llama_cpp.llama_model_params) -> None:
         )
 
 
+def restrict_weight_buffers(params: llama_cpp.llama_model_params, choice: BufferChoice) -> None:
+    """Apply the weight-buffer choice to the load parameters. A binding without
+    `use_extra_bufts` (setting an unknown ctypes field silently does nothing) cannot turn
+    llama.cpp's extra buffer types off, so such a choice is refused, not ignored."""
+    fields = {name for name, *_ in llama_cpp.llama_model_params._fields_}
+    if "use_extra_bufts" in fields:
+        params.use_extra_bufts = choice.use_extra
+    elif not choice.use_extra:
+        raise WeightBufferError(
+            "the llama-cpp-python binding has no llama_model_params.use_extra_bufts, so "
+            f"llama.cpp's extra weight buffers cannot be turned off ({choice.reason}); use a "
+            "binding that matches the library, or SEMIF_WEIGHT_BUFFERS=all to accept them"
+        )
+
+
+@contextmanager
+def capture_model_buffers() -> Iterator[dict[str, float]]:
+    """Collect llama.cpp's `<buffer> model buffer size = <MiB>` load lines while the block
+    runs (the mapping fills in as they arrive), passing every line on to the binding's own
+    logger. The log callback is process-wide: one load at a time, as the server does."""
+    landed: dict[str, float] = {}
+    forward = llama_cpp._logger.llama_log_callback
+
+    def record(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        match = _BUFFER_LINE.match(text.decode("utf-8", errors="replace").strip())
+        if match:
+            landed[match.group(1)] = landed.get(match.group(1), 0.0) + float(match.group(2))
+        forward(level, text, user_data)
+
+    callback = llama_cpp.llama_log_callback(record)  # referenced until the restore below
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    try:
+        yield landed
+    finally:
+        llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+
+
+@dataclass(frozen=True)
+class WeightPlacement:
+    """Where the weights went and why: the CPU backend's report, the buffer-type choice
+    made from it, and the buffers (name -> MiB) llama.cpp loaded them into."""
+
+    cpu: CpuBackend
+    choice: BufferChoice
+    landed: dict[str, float]
+
+    def describe(self) -> str:
+        """One log line: what an operator needs to read a native crash at the first decode."""
+        buffers = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in self.landed.items())
+        refused = ", ".join(self.choice.refused) or "none"
+        return (
+            f"llama.cpp CPU features: {self.cpu.describe()}; extra weight buffer types "
+            f"offered: {', '.join(self.choice.offered) or 'none'}; refused: {refused} "
+            f"(SEMIF_WEIGHT_BUFFERS={self.choice.setting}: {self.choice.reason}); weights "
+            f"in: {buffers or 'not reported'}"
+        )
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "setting": self.choice.setting,
+            "offered": list(self.choice.offered),
+            "refused": list(self.choice.refused),
+            "weights_in": sorted(self.landed),
+        }
+
+
 class LlamaEngine:
     """Owns the native model and context; frees both on close()."""
 
@@ -211,6 +289,8 @@ class LlamaEngine:
         max_branches: int,
         threads: int | None,
         n_gpu_layers: int,
+        weight_buffers: WeightBuffers,
+        cpu: CpuBackend,
         prefix_reuse: bool = True,
         exact: bool = True,
         cancel: threading.Event | None = None,
@@ -225,16 +305,25 @@ class LlamaEngine:
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
         read_weights_into_memory(model_params)
+        choice = choose_buffers(weight_buffers, cpu)
+        restrict_weight_buffers(model_params, choice)
         # Returning False aborts the load; kept on self so ctypes does not free it early.
         self._progress = llama_cpp.llama_progress_callback(
             lambda progress, data: not self._cancel.is_set()
         )
         model_params.progress_callback = self._progress
-        self._model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), model_params)
+        with capture_model_buffers() as landed:
+            self._model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), model_params)
         if not self._model:
             if self._cancel.is_set():
                 raise CancelledWorkError("model load cancelled: the server is shutting down")
             raise ModelLoadError(f"llama.cpp could not load {gguf}")
+        self.weights = WeightPlacement(cpu, choice, landed)
+        try:
+            check_landed(choice, landed)
+        except WeightBufferError:
+            llama_cpp.llama_model_free(self._model)
+            raise
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.special_tokens = self._special_tokens()
@@ -429,6 +518,7 @@ class LlamaEngine:
             "exact_scoring": self.exact,
             "recurrent_memory": self.recurrent,
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+            "weight_buffers": self.weights.summary(),
         }
 
     # -- scoring -------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Bring the model up in the order that gives clear start errors, track its state, admit work.
 
 Order: backends (so GPU requests can be checked), model files and manifest (required in
-SageMaker's model directory), engine (weights read into memory), chat template (it must
+SageMaker's model directory), engine (weights read into memory, in the buffer types
+SEMIF_WEIGHT_BUFFERS allows; one log line says which), chat template (it must
 keep request-text markers), answer-label probe, one scored probe decision (finite logits,
 plausible letter mass). Each failure is one readable line; /ping answers 503 while loading
 and after a failure so SageMaker never routes traffic to a model that is not usable.
@@ -19,7 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-from adapter.backends import load_backends
+from adapter.backends import cpu_backend, load_backends
 from adapter.calibration import check_calibration
 from adapter.engine import LlamaEngine
 from adapter.errors import UnavailableError
@@ -68,6 +69,8 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
             max_branches=max(settings.max_shared_decisions, PAIR_LABEL_SEQUENCES),
             threads=settings.threads,
             n_gpu_layers=settings.n_gpu_layers,
+            weight_buffers=settings.weight_buffers,
+            cpu=cpu_backend(settings.llama_lib_path),
             prefix_reuse=settings.prefix_reuse,
             exact=settings.exact_scoring,
             cancel=cancel,
@@ -124,7 +127,9 @@ class LoadedModel:
 def prepare_model(engine: LlamaEngine) -> LoadedModel:
     """Make a loaded engine servable: compile its chat template, check it keeps request text
     marked, probe its labels and score one probe decision. A refused model frees its native
-    memory (the engine is closed) before the error propagates."""
+    memory (the engine is closed) before the error propagates. Where the weights went is
+    logged first: a native crash in the first decode then has its context in the log."""
+    LOG.info("%s", engine.weights.describe())
     try:
         bos, eos = engine.special_texts()
         template = ChatTemplate(engine.chat_template_source(), bos_token=bos, eos_token=eos)

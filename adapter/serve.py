@@ -15,6 +15,7 @@ timeout backs it up, all inside SageMaker's 30 s before SIGKILL.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import socket
 import sys
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     if args not in ([], ["serve"]):
         sys.exit(f"usage: serve  (settings come from SEMIF_* environment variables; got {args})")
     configure_logging()
+    # A native crash (SIGSEGV, SIGABRT from a llama.cpp assert) still kills the process, but
+    # first prints every thread's Python stack to stderr: the log says where it died.
+    faulthandler.enable()
     try:
         settings = load_settings()
         sock = bind(settings)

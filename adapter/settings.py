@@ -18,7 +18,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
+from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from model_build.calibration import OPTION_ORDERS, OptionOrder
 
 # Where SageMaker unpacks model.tar.gz; serving from here is what "inside SageMaker" means.
@@ -31,6 +33,7 @@ SAGEMAKER_STOP_GRACE_SECONDS = 30
 # (3 s), plus a second of margin, must end before SageMaker's SIGKILL.
 MAX_SHUTDOWN_GRACE_SECONDS = SAGEMAKER_STOP_GRACE_SECONDS - 8
 _LIBLLAMA_NAMES = ("libllama.so", "libllama.dylib", "llama.dll")
+_Choice = TypeVar("_Choice", bound=str)
 
 
 class SettingsError(ValueError):
@@ -84,6 +87,8 @@ class Settings:
     shutdown_grace_seconds: float = 20.0
     # How options are ordered in prompts when a request does not say (adapter.ordering).
     option_order: OptionOrder = "canonical"
+    # Which of llama.cpp's extra weight buffer types may hold weights (adapter.weight_buffers).
+    weight_buffers: WeightBuffers = "auto"
 
     @property
     def stream_cells(self) -> int:
@@ -166,16 +171,17 @@ def _seconds(env: Mapping[str, str], name: str, default: float, low: float, high
     return value
 
 
-def _option_order(env: Mapping[str, str]) -> OptionOrder:
-    raw = env.get("SEMIF_OPTION_ORDER", "").strip()
+def _choice(
+    env: Mapping[str, str], name: str, allowed: tuple[_Choice, ...], default: _Choice
+) -> _Choice:
+    """One of a fixed set of words (a Literal type's values); blank means the default."""
+    raw = env.get(name, "").strip()
     if not raw:
-        return Settings.option_order
-    for mode in OPTION_ORDERS:
-        if raw == mode:
-            return mode
-    raise SettingsError(
-        f"SEMIF_OPTION_ORDER={raw!r} is not allowed; allowed {', '.join(OPTION_ORDERS)}"
-    )
+        return default
+    for value in allowed:
+        if raw == value:
+            return value
+    raise SettingsError(f"{name}={raw!r} is not allowed; allowed {', '.join(allowed)}")
 
 
 def _lib_path(env: Mapping[str, str]) -> Path | None:
@@ -264,5 +270,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         shutdown_grace_seconds=_seconds(
             env, "SEMIF_SHUTDOWN_GRACE_SECONDS", 20.0, 0.0, MAX_SHUTDOWN_GRACE_SECONDS
         ),
-        option_order=_option_order(env),
+        option_order=_choice(env, "SEMIF_OPTION_ORDER", OPTION_ORDERS, Settings.option_order),
+        weight_buffers=_choice(
+            env, "SEMIF_WEIGHT_BUFFERS", WEIGHT_BUFFERS, Settings.weight_buffers
+        ),
     )

@@ -35,7 +35,13 @@ import httpx
 from adapter.prompts import answer_labels
 from adapter.schema import Decision
 from adapter.settings import Settings
-from bench.local import InProcessModel, ServerProcess, serve_llama_server, serve_model
+from bench.local import (
+    InProcessModel,
+    ServerProcess,
+    serve_llama_server,
+    serve_model,
+    weight_buffers_setting,
+)
 from bench.metrics import latency_summary
 from bench.peer_server import PeerBinary
 from bench.runner import save_figure
@@ -384,7 +390,12 @@ def measure_concurrency(
     and our server with batching off taken next to its compare level, then llama-server
     at each peer level: one at a time (the idle ones only hold memory)."""
     run = ConcurrencyRun(plan=plan, peer_skipped=peer_skipped)
-    settings = Settings(gguf_path=gguf, threads=threads, n_gpu_layers=n_gpu_layers)
+    settings = Settings(
+        gguf_path=gguf,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        weight_buffers=weight_buffers_setting(),
+    )
     options: dict[str, Any] = {"log_dir": log_dir, "threads": threads, "n_gpu_layers": n_gpu_layers}
     with (
         BatchLimit(settings, plan) as limit,

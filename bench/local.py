@@ -22,12 +22,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Self
 
+from adapter.backends import cpu_backend, load_backends
 from adapter.runtime import load_service
-from adapter.settings import Settings
+from adapter.settings import Settings, load_settings
+from adapter.weight_buffers import WeightBuffers, choose_buffers
 
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 180.0
 POLL_INTERVAL_S = 0.02
+
+
+def weight_buffers_setting() -> WeightBuffers:
+    """SEMIF_WEIGHT_BUFFERS as the servers started here inherit it (validated as `serve`
+    validates it): the in-process limits are built with the same setting."""
+    raw = os.environ.get("SEMIF_WEIGHT_BUFFERS", "")
+    return load_settings({"SEMIF_WEIGHT_BUFFERS": raw}).weight_buffers
+
+
+def peer_extra_buffers() -> bool:
+    """Whether the peers may use llama.cpp's extra weight buffer types: the choice our
+    `serve` makes on this CPU, so every server holds its weights in the same layout (and
+    no peer crashes where AMX is offered; adapter/weight_buffers.py)."""
+    load_backends(None)
+    return choose_buffers(weight_buffers_setting(), cpu_backend(None)).use_extra
+
+
+def llama_server_weight_flags() -> list[str]:
+    """llama-server's spelling of the same choice (it has no finer one than all or none)."""
+    return [] if peer_extra_buffers() else ["--no-repack"]
 
 
 class InProcessModel:
@@ -157,14 +179,16 @@ def serve_model(
 def serve_peer(
     gguf: Path, *, log_dir: Path, threads: int, n_ctx: int, n_gpu_layers: int = 0
 ) -> Iterator[ServerProcess]:
-    """llama-cpp-python's OpenAI-compatible server on `gguf`.
+    """llama-cpp-python's OpenAI-compatible server on `gguf`, with our weight-buffer choice
+    (bench.python_peer).
 
     It can only return logprobs when built with logits_all=True (it then keeps logits for
     every prompt position), which is what a user of that server has to run.
     """
     port = free_port()
+    extra = "on" if peer_extra_buffers() else "off"
     argv = [
-        sys.executable, "-m", "llama_cpp.server",
+        sys.executable, "-m", "bench.python_peer", extra,
         "--model", str(gguf),
         "--host", LOOPBACK,
         "--port", str(port),
@@ -191,7 +215,8 @@ def serve_llama_server(
     n_gpu_layers: int = 0,
 ) -> Iterator[ServerProcess]:
     """llama.cpp's C++ server on `gguf` with `parallel` slots and continuous batching, as a
-    user serving many clients would start it: each slot gets `slot_context` KV cells."""
+    user serving many clients would start it: each slot gets `slot_context` KV cells; its
+    weights go where ours do (`llama_server_weight_flags`)."""
     port = free_port()
     argv = [
         str(binary),
@@ -205,6 +230,7 @@ def serve_llama_server(
         "--cont-batching",
         "--ctx-size", str(parallel * slot_context),
         "--no-webui",
+        *llama_server_weight_flags(),
     ]  # fmt: skip
     with _spawn(f"llama-server-np{parallel}", argv, {}, "/health", port, log_dir) as server:
         yield server

@@ -48,7 +48,14 @@ from bench.concurrency import (
     measure_concurrency,
 )
 from bench.concurrency import write_plot as write_concurrency_plot
-from bench.local import InProcessModel, ServerProcess, serve_model, serve_peer
+from bench.local import (
+    InProcessModel,
+    ServerProcess,
+    llama_server_weight_flags,
+    serve_model,
+    serve_peer,
+    weight_buffers_setting,
+)
 from bench.peer_server import PeerBinary, cached_llama_server, llama_server
 from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
 from bench.tasks import shared_body, single_body
@@ -524,7 +531,9 @@ def concurrency_figures(run: ConcurrencyRun) -> list[Figure]:
             "share_with_all_options_in_top_tokens": theirs.share_with_all_options_in_top_tokens,
             "top_tokens_requested": PEER_TOP_TOKENS,
             "same_prompt_tokens": theirs.same_prompt_tokens,
-            "peer_flags": f"--parallel {clients} --cont-batching",
+            "peer_flags": " ".join(
+                ["--parallel", str(clients), "--cont-batching", *llama_server_weight_flags()]
+            ),
         }
         figures += [
             Figure(
@@ -615,7 +624,12 @@ def environment(args: argparse.Namespace, gguf: Path, sizes: Sizes) -> dict[str,
 def run_round(gguf: Path, args: argparse.Namespace, workload: Workload, samples: Samples) -> None:
     """One pass of every measurement, never two at once; rounds spread slow phases of a
     shared machine over all figures instead of one."""
-    settings = Settings(gguf_path=gguf, threads=args.threads, n_gpu_layers=args.n_gpu_layers)
+    settings = Settings(
+        gguf_path=gguf,
+        threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+        weight_buffers=weight_buffers_setting(),
+    )
     options = {"log_dir": args.out, "threads": args.threads, "n_gpu_layers": args.n_gpu_layers}
     samples.load_seconds.append(time_load(settings))
     with ExitStack() as round_scope:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -131,15 +132,39 @@ def request(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str
         return int(error.code), {"error": error.read().decode(errors="replace")[:500]}
 
 
-def running(container: str) -> bool:
-    return docker("inspect", "--format", "{{.State.Running}}", container) == "true"
+def how_it_ended(status: int, oom_killed: bool) -> str:
+    """A container's end in words: docker reports a process killed by signal N as 128 + N."""
+    if oom_killed:
+        return "was killed for memory (OOMKilled)"
+    if status > 128:
+        number = status - 128
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "unknown signal"
+        return f"exited: signal {number} ({name})"
+    return f"exited with status {status}"
+
+
+def ended(container: str) -> str | None:
+    """None while the container runs; how it ended once it has."""
+    state = docker(
+        "inspect",
+        "--format",
+        "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}}",
+        container,
+    ).split()
+    if state[0] == "true":
+        return None
+    return how_it_ended(int(state[1]), state[2] == "true")
 
 
 def wait_for_ping(url: str, container: str, timeout_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not running(container):
-            raise SmokeError("the container exited before /ping answered 200")
+        end = ended(container)
+        if end is not None:
+            raise SmokeError(f"the container {end} before /ping answered 200")
         try:
             status, body = request(f"{url}/ping")
         except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
@@ -192,6 +217,17 @@ def check_shared(answer: dict[str, Any]) -> list[str]:
     return [str(result["id"]) for result in results]
 
 
+def invoke(url: str, container: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """POST /invocations; a connection lost because the server died says how it died."""
+    try:
+        return request(f"{url}/invocations", body)
+    except (urllib.error.URLError, ConnectionError) as error:
+        end = ended(container)
+        if end is not None:
+            raise SmokeError(f"the container {end} while scoring a decision") from None
+        raise SmokeError(f"/invocations failed: {error}") from None
+
+
 def smoke(
     image: str,
     model_dir: Path,
@@ -207,11 +243,11 @@ def smoke(
         url = base_url(container)
         ping = wait_for_ping(url, container, timeout_s)
         backends = check_backends(ping, backend)
-        status, answer = request(f"{url}/invocations", DECISION)
+        status, answer = invoke(url, container, DECISION)
         if status != 200:
             raise SmokeError(f"/invocations answered {status}: {str(answer)[:300]}")
         probabilities = check_decision(answer)
-        status, shared = request(f"{url}/invocations", SHARED)
+        status, shared = invoke(url, container, SHARED)
         if status != 200:
             raise SmokeError(f"shared /invocations answered {status}: {str(shared)[:300]}")
         check_shared(shared)

@@ -14,8 +14,27 @@ tar -xzf .models/model.tar.gz -C "$model_dir"
 echo "model directory: $model_dir ($(ls "$model_dir" | tr '\n' ' '))"
 SEMIF_MODEL_DIR="$model_dir" SEMIF_HOST=127.0.0.1 SEMIF_PORT="$port" .venv/bin/serve > .models/serve.log 2>&1 &
 server=$!
-trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
-if ! .venv/bin/python -m client.demo --url "http://127.0.0.1:$port" --wait 120; then
+.venv/bin/python -m client.demo --url "http://127.0.0.1:$port" --wait 120 &
+client=$!
+trap 'kill "$server" "$client" 2>/dev/null; wait "$server" "$client" 2>/dev/null || true' EXIT
+# Whichever ends first decides: a server that dies (a native crash in the model load or the
+# first decode, a start error) ends the demo at once, saying how, instead of the client
+# waiting out its 120 s on a refused connection.
+set +e
+wait -n -p first "$server" "$client"
+status=$?
+set -e
+if [ "$first" = "$server" ]; then
+  if [ "$status" -gt 128 ]; then
+    how="signal $((status - 128)) (SIG$(kill -l "$((status - 128))"))"
+  else
+    how="status $status"
+  fi
+  echo "serve exited: $how; server log (.models/serve.log):" >&2
+  tail -n 20 .models/serve.log >&2
+  exit 1
+fi
+if [ "$status" -ne 0 ]; then
   echo "server log (.models/serve.log):" >&2
   tail -n 20 .models/serve.log >&2
   exit 1

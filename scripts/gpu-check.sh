@@ -13,14 +13,16 @@
 #       small), so the whole script can be exercised on a CPU-only Linux machine.
 #
 # Environment: PYTHON (prepare: .venv/bin/python; run: python3), CUDA_ARCHITECTURES
-# (default native), THREADS (default all cores). The build is kept in the work folder
-# (default ${TMPDIR:-/tmp}/semif-gpu-check) and reused when tarball and flags are unchanged.
+# (default native), THREADS (default all cores), SEMIF_WEIGHT_BUFFERS (default auto: no AMX
+# weight buffers; the in-process engine and the served one both read it). The build is
+# kept in the work folder (default ${TMPDIR:-/tmp}/semif-gpu-check) and reused when
+# tarball and flags are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
 usage() {
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 

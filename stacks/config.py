@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from adapter.calibration import CalibrationMismatchError, check_calibration
 from adapter.settings import SettingsError, load_settings
+from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from cdk_constructs.alarm_topic import require_email
 from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
 from cdk_constructs.model_build import ModelCalibration
@@ -58,6 +59,14 @@ MAX_REALTIME_REQUEST_SECONDS = 55.0
 # Scale out at three quarters of one batch per instance, while the batches still have room
 # and before requests wait in the queue (the metric counts queued requests too).
 SCALE_OUT_BATCH_FRACTION = 0.75
+# SageMaker CPU families on Intel Xeon 4th generation (Sapphire Rapids) and later, whose CPUs
+# offer AMX: llama.cpp's AMX weight buffers crash there (adapter/weight_buffers.py).
+AMX_INSTANCE_FAMILIES = ("c7i", "m7i", "r7i", "c8i", "m8i", "r8i")
+
+
+def has_amx(instance_type: str) -> bool:
+    """Whether `ml.<family>.<size>` runs on a CPU that offers AMX."""
+    return instance_type.split(".")[1] in AMX_INSTANCE_FAMILIES
 
 
 class ConfigError(PropsError):
@@ -223,6 +232,8 @@ class DecisionEndpointSettings:
     request_timeout_seconds: float = 50.0
     max_batch_requests: int = 32
     max_request_tokens: int = 16384
+    # SEMIF_WEIGHT_BUFFERS: the adapter refuses AMX weight buffers itself (`auto`), at load.
+    weight_buffers: WeightBuffers = "auto"
 
     def __post_init__(self) -> None:
         try:  # a canary/linear step must fit the fewest instances the variant can have
@@ -269,6 +280,7 @@ class DecisionEndpointSettings:
             "SEMIF_REQUEST_TIMEOUT_S": str(self.request_timeout_seconds),
             "SEMIF_MAX_BATCH_REQUESTS": str(self.max_batch_requests),
             "SEMIF_MAX_REQUEST_TOKENS": str(self.max_request_tokens),
+            "SEMIF_WEIGHT_BUFFERS": self.weight_buffers,
         }
         if self.threads is not None:
             environment["SEMIF_THREADS"] = str(self.threads)
@@ -304,6 +316,9 @@ class StandardEndpointSettings:
     threads: int
     alarms: AlarmThresholds = field(default_factory=AlarmThresholds)
     rollout: Rollout = ALL_AT_ONCE  # one instance: a canary cannot fit
+    # llama-server's weight repacking, decided here from the instance type since the DLC's
+    # entry point is not ours: `auto` turns it off (--no-repack) on AMX families.
+    weight_buffers: WeightBuffers = "auto"
 
     def __post_init__(self) -> None:
         _require(
@@ -319,14 +334,31 @@ class StandardEndpointSettings:
             f"standard.context_size: {self.context_size} must be >= 512",
         )
         _require(self.threads >= 1, f"standard.threads: {self.threads} must be >= 1")
+        _require(
+            self.weight_buffers in WEIGHT_BUFFERS,
+            f"standard.weight_buffers: {self.weight_buffers!r}; use one of "
+            f"{', '.join(WEIGHT_BUFFERS)}",
+        )
+
+    @property
+    def repacks_weights(self) -> bool:
+        """llama-server's extra weight buffers (repack, AMX): all or none, like the adapter's
+        choice, but made from the instance family since the CPU is not seen at synth."""
+        if self.weight_buffers == "auto":
+            return not has_amx(self.placement.instance_type)
+        return self.weight_buffers == "all"
 
     def container_environment(self) -> dict[str, str]:
-        """The DLC turns each `SM_LLAMA_CPP_FOO_BAR` into llama-server's `--foo-bar`."""
-        return {
+        """The DLC turns each `SM_LLAMA_CPP_FOO_BAR` into llama-server's `--foo-bar`
+        (`true` into the bare flag)."""
+        environment = {
             "SM_LLAMA_CPP_CTX_SIZE": str(self.context_size),
             "SM_LLAMA_CPP_THREADS": str(self.threads),
             "SM_LLAMA_CPP_N_GPU_LAYERS": "0",
         }
+        if not self.repacks_weights:
+            environment["SM_LLAMA_CPP_NO_REPACK"] = "true"
+        return environment
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,9 +37,23 @@ ALLOWED: dict[str, set[str]] = {
     "app": {"stacks", "cdk_constructs"},  # cdk_constructs: app-wide checks (Aspects)
 }
 # adapter modules that must stay free of the rest of the adapter
-PURE_ADAPTER_MODULES = {"engine", "errors", "kv_layout", "readout", "backends", "settings"}
-# the one edge between pure modules beyond adapter.errors: the engine executes kv_layout's plans
-PURE_EDGES = {"engine": {"adapter.kv_layout"}}
+PURE_ADAPTER_MODULES = {
+    "engine",
+    "errors",
+    "kv_layout",
+    "readout",
+    "backends",
+    "settings",
+    "weight_buffers",
+}
+# the edges between pure modules beyond adapter.errors: the engine executes kv_layout's
+# plans; the weight-buffer policy's types are shared by the engine that applies it, the
+# backend query that feeds it and the setting that names it
+PURE_EDGES = {
+    "engine": {"adapter.kv_layout", "adapter.weight_buffers"},
+    "backends": {"adapter.weight_buffers"},
+    "settings": {"adapter.weight_buffers"},
+}
 
 
 def _modules(package: str) -> list[Path]:

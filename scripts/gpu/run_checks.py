@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from adapter.settings import Settings
-from bench.local import ServerStartError, serve_model
+from bench.local import ServerStartError, serve_model, weight_buffers_setting
 from bench.report import Figure, Samples
 from bench.runner import finite, open_client, write_histogram
 from bench.workload import account_state, shared_decisions
@@ -84,6 +84,7 @@ def run_checks(args: argparse.Namespace, found: checks.CheckList) -> Sizes | Non
     settings = Settings(
         model_dir=args.gguf.parent, gguf_path=args.gguf,
         threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+        weight_buffers=weight_buffers_setting(),
     )  # fmt: skip
     service, started = checks.start(settings)
     found.results.append(started)

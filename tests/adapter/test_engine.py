@@ -11,6 +11,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from adapter.backends import cpu_backend
 from adapter.engine import CapacityError, LlamaEngine, ModelLoadError
 from adapter.kv_layout import MIN_ROWS, common_prefix_length
 from adapter.prompts import ANSWER_LETTERS, TemplateRenderError
@@ -163,7 +164,15 @@ def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
 
 
 def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> None:
-    small = LlamaEngine(tiny_gguf, stream_cells=256, max_branches=16, threads=2, n_gpu_layers=0)
+    small = LlamaEngine(
+        tiny_gguf,
+        stream_cells=256,
+        max_branches=16,
+        threads=2,
+        n_gpu_layers=0,
+        weight_buffers="auto",
+        cpu=cpu_backend(None),
+    )
     try:
         with pytest.raises(CapacityError, match="KV cells"):
             small.score([list(range(10)) + [i % 200 for i in range(300)]])

@@ -178,6 +178,53 @@ def test_readme_main_job_end_to_end(tmp_path: Path) -> None:
         assert f"  {decision_id} " in out
 
 
+# Imported by every Python process on its path: kills `serve` by signal at start, as a
+# native crash in the model load or the first decode would.
+_KILL_SERVE_HOOK = """import os, signal, sys
+if os.path.basename(sys.argv[0]) == "serve":
+    os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("setting", "cause", "log_line"),
+    [
+        (None, "serve exited: signal 11 (SIGSEGV)", None),
+        (
+            "amx",  # passes the shell; the server refuses it
+            "serve exited: status 1",
+            "serve: SEMIF_WEIGHT_BUFFERS='amx' is not allowed; allowed auto, plain, all",
+        ),
+    ],
+    ids=["signal", "start-error"],
+)
+def test_the_demo_fails_fast_with_the_cause_when_the_server_dies(
+    tmp_path: Path, setting: str | None, cause: str, log_line: str | None
+) -> None:
+    """The demo waits up to 120 s for /ping; a dead server must end it at once (the
+    subprocess timeout is below that wait), saying how it died and showing the log."""
+    env = dict(os.environ)
+    if setting is None:
+        (tmp_path / "sitecustomize.py").write_text(_KILL_SERVE_HOOK)
+        env["PYTHONPATH"] = str(tmp_path)
+    else:
+        env["SEMIF_WEIGHT_BUFFERS"] = setting
+    result = subprocess.run(
+        ["bash", "scripts/demo.sh", str(tmp_path / "opt-ml-model")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert result.returncode == 1
+    assert f"{cause}; server log (.models/serve.log):" in result.stderr
+    if log_line is not None:
+        assert log_line in result.stderr.splitlines()
+    assert "ready on backends" not in result.stdout
+
+
 # -- issue 10: start errors, keep-alive after bad input, body timeout, bounded shutdown ----
 
 

@@ -170,6 +170,7 @@ def test_decision_batching_settings_become_the_adapter_variables() -> None:
         "SEMIF_REQUEST_TIMEOUT_S": "30.5",
         "SEMIF_MAX_BATCH_REQUESTS": "8",
         "SEMIF_MAX_REQUEST_TOKENS": "4096",
+        "SEMIF_WEIGHT_BUFFERS": "auto",
     }
     assert "SEMIF_MAX_IN_FLIGHT" not in _decision().container_environment()
 
@@ -186,6 +187,10 @@ def test_decision_batching_settings_become_the_adapter_variables() -> None:
         ({"max_batch_requests": 257}, "decision: SEMIF_MAX_BATCH_REQUESTS=257 is out of range"),
         ({"max_request_tokens": 63}, "decision: SEMIF_MAX_REQUEST_TOKENS=63 is out of range"),
         (
+            {"weight_buffers": "amx"},
+            "decision: SEMIF_WEIGHT_BUFFERS='amx' is not allowed; allowed auto, plain, all",
+        ),
+        (
             {"queue_timeout_seconds": 30, "request_timeout_seconds": 20},
             "decision: SEMIF_REQUEST_TIMEOUT_S",  # must be >= the queue timeout
         ),
@@ -200,6 +205,42 @@ def test_decision_batching_settings_become_the_adapter_variables() -> None:
 def test_decision_batching_rules(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{message}"):
         _decision(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "weight_buffers", "no_repack"),
+    [
+        ("ml.c7i.2xlarge", "auto", True),  # Sapphire Rapids: AMX offered
+        ("ml.r7i.xlarge", "auto", True),
+        ("ml.c6i.2xlarge", "auto", False),  # Ice Lake: no AMX, repacking stays
+        ("ml.c7a.2xlarge", "auto", False),  # AMD
+        ("ml.c6i.2xlarge", "plain", True),
+        ("ml.m7i.2xlarge", "all", False),  # opted in
+    ],
+)
+def test_standard_endpoint_turns_repacking_off_on_amx_families(
+    instance_type: str, weight_buffers: Any, no_repack: bool
+) -> None:
+    settings = StandardEndpointSettings(
+        placement=CpuPlacement(instance_type=instance_type),
+        context_size=4096,
+        threads=8,
+        weight_buffers=weight_buffers,
+    )
+    environment = settings.container_environment()
+    assert ("SM_LLAMA_CPP_NO_REPACK" in environment) == no_repack
+    if no_repack:
+        assert environment["SM_LLAMA_CPP_NO_REPACK"] == "true"  # the DLC's bare --no-repack
+
+
+def test_standard_endpoint_refuses_an_unknown_weight_buffer_setting() -> None:
+    with pytest.raises(ConfigError, match=r"^standard\.weight_buffers: 'amx'; use one of"):
+        StandardEndpointSettings(
+            placement=CPU,
+            context_size=4096,
+            threads=8,
+            weight_buffers="amx",  # type: ignore[arg-type]
+        )
 
 
 def test_request_deadline_may_use_all_of_the_realtime_window() -> None:

@@ -125,6 +125,7 @@ def test_decision_environment_variables(synth: Synth) -> None:
                             "SEMIF_MAX_REQUEST_TOKENS": str(config.max_request_tokens),
                             "SEMIF_N_GPU_LAYERS": "0",
                             "SEMIF_THREADS": str(config.threads),
+                            "SEMIF_WEIGHT_BUFFERS": "auto",
                         }
                     )
                 }

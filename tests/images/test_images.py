@@ -241,8 +241,9 @@ def test_decision_check_accepts_a_distribution() -> None:
 class FakeDocker:
     """Records docker calls; the container 'runs' and publishes 8080 on a loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: str = "true 0 false") -> None:
         self.calls: list[tuple[str, ...]] = []
+        self.state = state  # Running ExitCode OOMKilled, as `docker inspect` formats them
 
     def __call__(self, *args: str) -> str:
         self.calls.append(args)
@@ -250,7 +251,7 @@ class FakeDocker:
             return json.dumps(image_smoke.ENTRYPOINT)
         if args[0] == "run" and "--rm" in args:
             return "/opt/llama.cpp/bin/libggml-cuda.so"
-        return {"run": "c0ffee", "port": "127.0.0.1:49153", "inspect": "true", "logs": "log"}[
+        return {"run": "c0ffee", "port": "127.0.0.1:49153", "inspect": self.state, "logs": "log"}[
             args[0]
         ]
 
@@ -305,3 +306,53 @@ def test_smoke_checks_accept_the_real_adapter_answers(tiny_client: TestClient) -
     assert image_smoke.check_shared(shared) == ["smoke-queue", "smoke-urgent"]
     with pytest.raises(image_smoke.SmokeError, match="wrong results"):
         image_smoke.check_shared({"results": shared["results"][::-1], "timing": shared["timing"]})
+
+
+@pytest.mark.parametrize(
+    ("status", "oom", "words"),
+    [
+        (139, False, "exited: signal 11 (SIGSEGV)"),
+        (134, False, "exited: signal 6 (SIGABRT)"),
+        (1, False, "exited with status 1"),
+        (137, True, "was killed for memory (OOMKilled)"),
+    ],
+)
+def test_a_container_end_is_named(status: int, oom: bool, words: str) -> None:
+    assert image_smoke.how_it_ended(status, oom) == words
+
+
+def _smoke_args(tmp_path: Path) -> list[str]:
+    return ["--image", "semif-adapter:cpu-x", "--model-dir", str(tmp_path), "--backend", "CPU"]
+
+
+def test_a_server_that_dies_at_start_fails_the_smoke_at_once_with_its_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeDocker(state="false 139 false")
+    monkeypatch.setattr(image_smoke, "docker", fake)
+    monkeypatch.setattr(image_smoke, "request", lambda url, body=None: pytest.fail("no /ping"))
+    monkeypatch.setattr(subprocess, "run", lambda args, **_: None)
+    assert image_smoke.main(_smoke_args(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert "the container exited: signal 11 (SIGSEGV) before /ping answered 200" in err
+    assert ("logs", "--tail", "200", "c0ffee") in fake.calls
+
+
+def test_a_server_that_dies_while_scoring_fails_the_smoke_with_how(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeDocker()
+
+    def request(url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        if url.endswith("/ping"):
+            return 200, {"status": "ok", "backends": ["CPU"]}
+        fake.state = "false 139 false"  # the first decode crashes the server
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(image_smoke, "docker", fake)
+    monkeypatch.setattr(image_smoke, "request", request)
+    monkeypatch.setattr(subprocess, "run", lambda args, **_: None)
+    assert image_smoke.main(_smoke_args(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert "the container exited: signal 11 (SIGSEGV) while scoring a decision" in err
+    assert ("logs", "--tail", "200", "c0ffee") in fake.calls

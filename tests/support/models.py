@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from adapter.backends import cpu_backend
 from adapter.engine import LlamaEngine
 from adapter.runtime import LoadedModel, prepare_model
 from adapter.service import DecisionService
@@ -23,6 +24,8 @@ def open_test_model(
         max_branches=max_branches,
         threads=threads,
         n_gpu_layers=0,
+        weight_buffers="auto",
+        cpu=cpu_backend(None),
         prefix_reuse=prefix_reuse,
     )
     return prepare_model(engine)
