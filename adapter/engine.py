@@ -8,9 +8,13 @@ Two kinds of reuse make scoring cheap:
   is decoded once and copied to each before their own tokens are decoded together.
 A prompt may also ask for the logits after some continuation tokens (a two-token answer
 label needs P(second | first)): each continuation is one more sequence, the prompt with that
-token appended, decoded in the same pass. Scoring generates nothing; `generate` (chat)
-samples tokens into a stream of its own. The engine is not thread-safe: its one caller is
-the scheduler's worker.
+token appended, decoded in the same pass. Scoring generates nothing; `start_generation`
+(chat) samples tokens into a stream of its own.
+
+Threads: decoding, the context and the KV cache (`score`, generation, `reset`) belong to
+the scheduler's worker alone. Tokenizing (`tokenize`, `tokenize_prompt`, `piece`) reads
+only the vocabulary, which llama.cpp never changes after load, so request threads call it
+while the worker decodes; the service keeps `close` from freeing it under them.
 
 Prompts mix template text with text from requests. `tokenize_prompt` turns control-token
 texts (`<|im_start|>`, ...) into control tokens only where the template wrote them: text
@@ -156,9 +160,6 @@ class Generation:
     completion_tokens: int
     reused_tokens: int
     finish_reason: Literal["stop", "length"]
-
-
-_Branch = tuple[Sequence[int], Sequence[int]]  # a prompt and its continuation tokens
 
 
 def _first_stop(text: str, stop: Sequence[str], scanned: int) -> int | None:
@@ -688,25 +689,6 @@ class LlamaEngine:
         run = GenerationRun(self, list(prompt), max_new_tokens, sampling, stop)
         self._generation = run
         return run
-
-    def generate(
-        self,
-        prompt: Sequence[int],
-        *,
-        max_new_tokens: int,
-        sampling: Sampling,
-        stop: Sequence[str] = (),
-    ) -> Generation:
-        """Generate to the end without interleaving (model checks and tests)."""
-        run = self.start_generation(
-            prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop
-        )
-        try:
-            while not run.step():
-                pass
-        finally:
-            run.close()
-        return run.result()
 
     def _decode_context(self, seq: int, tokens: Sequence[int], start: int) -> None:
         """Decode tokens[start:] into `seq`, a micro-batch at a time (logits for the last)."""

@@ -6,7 +6,7 @@ no new mapping: give it a status, and a field path where the caller can fix some
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 
 class ApiError(Exception):
@@ -54,6 +54,10 @@ class PayloadTooLargeError(ApiError):
     def __init__(self, message: str) -> None:
         super().__init__(message, field="body")
 
+    def headers(self) -> dict[str, str]:
+        # The unread rest of the body would be taken for the next request: close.
+        return {"connection": "close"}
+
 
 class RequestTimeoutError(ApiError):
     """The body did not arrive in full within SEMIF_BODY_TIMEOUT_SECONDS."""
@@ -69,13 +73,16 @@ class RequestTimeoutError(ApiError):
 
 
 class ClientDisconnectedError(ApiError):
-    """The client went away before its body arrived; nobody reads the answer, and it is
-    logged as 499 (nginx's "client closed request"), not as a server error."""
+    """The client went away (before its body arrived, or while its request waited or ran);
+    nobody reads the answer, and it is logged as 499 (nginx's "client closed request"), not
+    as a server error."""
 
     status = 499
 
-    def __init__(self) -> None:
-        super().__init__("client disconnected before the body arrived", field="body")
+    def __init__(
+        self, message: str = "client disconnected before the body arrived", **extra: Any
+    ) -> None:
+        super().__init__(message, **extra)
 
 
 class UnauthorizedError(ApiError):
@@ -88,18 +95,32 @@ class UnauthorizedError(ApiError):
         return {"www-authenticate": "Bearer"}
 
 
+# Why a 503 was answered, for the request's log line: a small fixed set of words.
+UnavailableCause = Literal[
+    "loading", "unhealthy", "stopping", "queue_full", "queue_timeout", "deadline", "capacity"
+]
+
+
 class UnavailableError(ApiError):
     """503: the model is loading, unhealthy, or out of capacity; `retryable` says whether a
-    retry after `Retry-After` seconds can succeed."""
+    retry after `Retry-After` seconds can succeed, `cause` (logged, not answered) why."""
 
     status = 503
 
-    def __init__(self, message: str, *, retryable: bool, retry_after: int = 1) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: int = 1,
+        cause: UnavailableCause | None = None,
+    ) -> None:
         # The hint is in the body too: SageMaker's InvokeEndpoint drops container headers.
         extra: dict[str, Any] = {"retry_after_seconds": retry_after} if retryable else {}
         super().__init__(message, retryable=retryable, **extra)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.cause = cause
 
     def headers(self) -> dict[str, str]:
         return {"retry-after": str(self.retry_after)} if self.retryable else {}

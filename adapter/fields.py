@@ -18,12 +18,18 @@ from adapter.errors import RequestError
 JsonState = str | dict[str, Any] | list[Any]
 ShapeError = type[RequestError]
 _SIMPLE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+MAX_KEY_ECHO = 64  # characters of a key an error message repeats
 
 
 def member_path(parent: str, key: str) -> str:
     """The JSON path of `key` in the object at `parent` ("" is the body itself):
     `decision.state` for plain keys, `body[""]` or `questions["a b"]` (JSON-quoted,
-    ASCII-escaped) for any other, so a path is never empty and never ambiguous."""
+    ASCII-escaped) for any other, so a path is never empty and never ambiguous. A key
+    longer than MAX_KEY_ECHO characters is cut there and its length named: an error names
+    the field without echoing a huge key back (a 500 KB key is not a 1 MB answer)."""
+    if len(key) > MAX_KEY_ECHO:
+        shown = json.dumps(key[:MAX_KEY_ECHO])[:-1]
+        return f'{parent or "body"}[{shown}..." ({len(key)} characters)]'
     if _SIMPLE_KEY.match(key):
         return f"{parent}.{key}" if parent else key
     return f"{parent or 'body'}[{json.dumps(key)}]"

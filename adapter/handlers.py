@@ -12,13 +12,15 @@ from typing import Any
 
 import anyio.to_thread
 
-from adapter import chat, systemone
+from adapter import chat, decisions, systemone
+from adapter.cancel import Cancellation
 from adapter.errors import RequestError
 from adapter.runtime import Runtime
 from adapter.schema import parse_decision_body
 
 Result = tuple[dict[str, Any], dict[str, Any]]
-Handler = Callable[[Runtime, Any, str], Any]
+# (runtime, body, request id, the request's cancellation) -> awaitable Result
+Handler = Callable[[Runtime, Any, str, Cancellation], Any]
 
 
 def batching_fields(timing: dict[str, Any]) -> dict[str, Any]:
@@ -34,29 +36,33 @@ def batching_fields(timing: dict[str, Any]) -> dict[str, Any]:
     return {key: timing[key] for key in keys}
 
 
-async def decide(runtime: Runtime, body: Any, request_id: str) -> Result:
+async def decide(runtime: Runtime, body: Any, request_id: str, cancel: Cancellation) -> Result:
     """The decision API: one decision, or a shared-state batch scored as branches."""
     request = parse_decision_body(body, runtime.settings.max_shared_decisions)
-    mode, decisions = request.mode, request.decisions
+    mode, asked = request.mode, request.decisions
     async with runtime.admit() as service:
-        scored = await anyio.to_thread.run_sync(service.decide, decisions, mode, request.policy)
+        scored = await anyio.to_thread.run_sync(
+            decisions.decide, service, asked, mode, request.policy, cancel
+        )
     results = scored["results"]
     response: dict[str, Any] = {"result": results[0]} if mode == "single" else {"results": results}
     response.update(model=service.model, timing=scored["timing"], request_id=request_id)
     log = {
         "mode": mode,
-        "decisions": len(decisions),
+        "decisions": len(asked),
         "input_tokens": sum(result["input_tokens"] for result in results),
         **batching_fields(scored["timing"]),
     }
     return response, log
 
 
-async def answer_systemone(runtime: Runtime, body: Any, request_id: str) -> Result:
+async def answer_systemone(
+    runtime: Runtime, body: Any, request_id: str, cancel: Cancellation
+) -> Result:
     """System One: every question about the state in one batched pass, format-exact answer."""
     request = systemone.parse_systemone(body, runtime.settings.max_shared_decisions)
     async with runtime.admit() as service:
-        response, batch = await anyio.to_thread.run_sync(systemone.answer, service, request)
+        response, batch = await anyio.to_thread.run_sync(systemone.answer, service, request, cancel)
     timing = batch.timing_json()
     log = {
         "mode": "systemone",
@@ -67,7 +73,9 @@ async def answer_systemone(runtime: Runtime, body: Any, request_id: str) -> Resu
     return response, log
 
 
-async def complete_chat(runtime: Runtime, body: Any, request_id: str) -> Result:
+async def complete_chat(
+    runtime: Runtime, body: Any, request_id: str, cancel: Cancellation
+) -> Result:
     """Chat completion by the loaded model, under the same admission control."""
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
@@ -81,6 +89,7 @@ async def complete_chat(runtime: Runtime, body: Any, request_id: str) -> Result:
                 max_new_tokens=request.max_tokens,
                 sampling=request.sampling,
                 stop=request.stop,
+                cancel=cancel,
             )
         )
     response = chat.completion(generation, service.model_id, f"chatcmpl-{request_id}")

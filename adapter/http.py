@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import re
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -29,6 +28,7 @@ import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from adapter.cancel import Cancellation
 from adapter.errors import (
     ApiError,
     ClientDisconnectedError,
@@ -36,16 +36,17 @@ from adapter.errors import (
     RequestError,
     RequestTimeoutError,
     UnauthorizedError,
+    UnavailableError,
     UnsupportedMediaTypeError,
 )
 from adapter.fields import member_path
-from adapter.scheduler import CLIENT_GONE
 
 LOG = logging.getLogger("adapter.requests")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_JSON_DEPTH = 64  # far beyond any valid body; keeps every later walk shallow
-# An API call: (body, request id) -> (response body, extra log fields).
-Call = Callable[[Any, str], Awaitable[tuple[dict[str, Any], dict[str, Any]]]]
+# An API call: (body, request id, the request's cancellation) -> (response body, extra log
+# fields).
+Call = Callable[[Any, str, Cancellation], Awaitable[tuple[dict[str, Any], dict[str, Any]]]]
 
 
 def json_response(status: int, body: dict[str, Any], **headers: str) -> Response:
@@ -88,7 +89,7 @@ async def read_json_body(request: Request, max_bytes: int, timeout_seconds: floa
             f"{size} bytes received)"
         ) from None
     except ClientDisconnect:
-        raise ClientDisconnectedError() from None
+        raise ClientDisconnectedError(field="body") from None
     try:
         body = json.loads(
             b"".join(chunks), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
@@ -209,18 +210,19 @@ async def answer(
     started = time.perf_counter()
     log: dict[str, Any] = {"request_id": request_id, "path": request.url.path}
     headers = {"x-request-id": request_id}
-    gone = threading.Event()
+    cancel = Cancellation()
     watcher: asyncio.Task[None] | None = None
     try:
         authenticate(request, api_key)
         body = await read_json_body(request, max_body_bytes, body_timeout_seconds)
-        watcher = asyncio.create_task(watch_disconnect(request, gone))
-        CLIENT_GONE.set(gone)
-        payload, details = await call(body)(body, request_id)
+        watcher = asyncio.create_task(watch_disconnect(request, cancel))
+        payload, details = await call(body)(body, request_id, cancel)
         log.update(details)
         response = json_response(200, payload, **headers)
     except ApiError as error:
         error.extra["request_id"] = request_id
+        if isinstance(error, UnavailableError) and error.cause is not None:
+            log["unavailable"] = error.cause
         response = error_response(error, **headers)
     except Exception:
         LOG.exception("scoring failed (request_id=%s)", request_id)
@@ -230,20 +232,24 @@ async def answer(
     finally:
         if watcher is not None:
             watcher.cancel()
-    if gone.is_set():
+    status = response.status_code
+    if cancel.reason == "client_gone":
+        # It left before the answer was ready (the watcher stops once the call returns):
+        # whatever was computed goes to nobody, which is a 499 however the work ended.
         log["client_gone"] = True
-    log.update(status=response.status_code, seconds=round(time.perf_counter() - started, 6))
+        status = ClientDisconnectedError.status
+    log.update(status=status, seconds=round(time.perf_counter() - started, 6))
     LOG.info(json.dumps(log, default=str, allow_nan=True))
     return response
 
 
-async def watch_disconnect(request: Request, gone: threading.Event) -> None:
-    """Once the body is read, the next ASGI message can only be the client leaving: flag it
-    so queued work for nobody is dropped (adapter.scheduler.CLIENT_GONE)."""
+async def watch_disconnect(request: Request, cancel: Cancellation) -> None:
+    """Once the body is read, the next ASGI message can only be the client leaving: cancel
+    the request so queued work for nobody is dropped (adapter.cancel)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            gone.set()
+            cancel.set("client_gone")
             return
 
 

@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from adapter.backends import cpu_backend, load_backends
@@ -91,11 +91,7 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
             "n_gpu_layers": settings.n_gpu_layers,
             "max_tokens": settings.max_tokens,
             "max_shared_decisions": settings.max_shared_decisions,
-            "max_queue": settings.max_queue,
-            "queue_timeout_seconds": settings.queue_timeout_seconds,
-            "request_timeout_seconds": settings.request_timeout_seconds,
-            "max_batch_requests": settings.max_batch_requests,
-            "max_request_tokens": settings.max_request_tokens,
+            **asdict(settings.queue_limits),
         },
     }
     return DecisionService(
@@ -106,11 +102,7 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
         model=model,
         calibration=files.calibration,
         option_order=settings.option_order,
-        max_request_tokens=settings.max_request_tokens,
-        request_timeout_seconds=settings.request_timeout_seconds,
-        max_queue=settings.max_queue,
-        queue_timeout_seconds=settings.queue_timeout_seconds,
-        max_batch_requests=settings.max_batch_requests,
+        limits=settings.queue_limits,
     )
 
 
@@ -121,7 +113,6 @@ class LoadedModel:
     engine: LlamaEngine
     template: ChatTemplate
     labels: LabelSet
-    letter_mass: float = 1.0  # the probe decision's share of probability on A..P
 
 
 def prepare_model(engine: LlamaEngine) -> LoadedModel:
@@ -137,7 +128,7 @@ def prepare_model(engine: LlamaEngine) -> LoadedModel:
         labels = probe_labels(engine, template)
         mass = probe_decision(engine, template, labels)
         LOG.info("probe decision: letter mass %.3g", mass)
-        return LoadedModel(engine, template, labels, mass)
+        return LoadedModel(engine, template, labels)
     except BaseException:
         engine.close()
         raise
@@ -196,10 +187,11 @@ class Runtime:
         at once with a 503 that says whether a retry can help (loading) or not (unhealthy).
         A full queue is the scheduler's 503."""
         if self.stopping:
-            raise UnavailableError("server is shutting down", retryable=True)
+            raise UnavailableError("server is shutting down", retryable=True, cause="stopping")
         if not self.healthy or self.service is None:
-            message = "model is loading" if self.state == "loading" else "model is not healthy"
-            raise UnavailableError(message, retryable=self.state == "loading")
+            if self.state == "loading":
+                raise UnavailableError("model is loading", retryable=True, cause="loading")
+            raise UnavailableError("model is not healthy", retryable=False, cause="unhealthy")
         self.in_flight += 1
         try:
             yield self.service

@@ -5,8 +5,9 @@ prompts from the queue's head onward while they fit one pass (sequence ids, a to
 SEMIF_MAX_BATCH_REQUESTS requests) and scores them in one engine call, so prompts from
 different callers share their common prefix (the template; the whole state when two ask
 about the same one). A request larger than one pass is scored over several, and is dropped
-between passes when its client has gone or its deadline has passed. A request still waiting
-after SEMIF_QUEUE_TIMEOUT_S, or one that finds the queue full, gets a retryable 503 with a
+between passes when it is cancelled (adapter.cancel: its client has gone, or its caller
+stopped waiting) or its deadline has passed. A request still waiting after
+SEMIF_QUEUE_TIMEOUT_S, or one that finds the queue full, gets a retryable 503 with a
 Retry-After estimated from recent passes.
 
 Chat runs one generation at a time in the same worker, one token per step, between scoring
@@ -22,9 +23,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from adapter.cancel import Cancellation, deadline_error
 from adapter.engine import (
     CancelledWorkError,
     CapacityError,
@@ -35,18 +36,11 @@ from adapter.engine import (
     PromptScore,
     Sampling,
 )
-from adapter.errors import UnavailableError
+from adapter.errors import ApiError, UnavailableError
 from adapter.kv_layout import MIN_ROWS, common_prefix_length
+from adapter.settings import QueueLimits
 
 LOG = logging.getLogger("adapter")
-# Set by the HTTP layer when the request's client disconnects (adapter.http.answer); the
-# worker then drops the request at its next pass or token. Context variables follow the
-# call into anyio's worker threads.
-CLIENT_GONE: ContextVar[threading.Event | None] = ContextVar("client_gone", default=None)
-
-
-class CancelledRequestError(Exception):
-    """The client went away; nobody reads the answer."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +63,8 @@ class _Job:
     continuations: Sequence[Sequence[int]]
     deadline: float
     enqueued: float
+    cancel: Cancellation
     future: Future[tuple[list[PromptScore], JobTiming]] = field(default_factory=Future)
-    cancelled: threading.Event = field(
-        default_factory=lambda: CLIENT_GONE.get() or threading.Event()
-    )
     done: int = 0  # prompts scored so far
     scores: list[PromptScore] = field(default_factory=list)
     started: float | None = None
@@ -105,28 +97,26 @@ class _ChatJob:
     sampling: Sampling
     stop: Sequence[str]
     deadline: float
+    cancel: Cancellation
     future: Future[Generation] = field(default_factory=Future)
-    cancelled: threading.Event = field(
-        default_factory=lambda: CLIENT_GONE.get() or threading.Event()
-    )
 
 
 class Scheduler:
-    """The worker thread and its queue; the engine is touched by this thread only."""
+    """The worker thread and its queue. Threads: `submit`, `submit_generation` and `close`
+    run on request threads (under the queue's lock); everything else on the worker, the one
+    thread that decodes or touches the KV cache."""
 
     def __init__(
         self,
         engine: LlamaEngine,
         *,
-        max_queue: int,
-        queue_timeout_seconds: float,
-        max_batch_requests: int,
+        limits: QueueLimits,
         on_native_failure: Callable[[Exception], None],
     ) -> None:
         self.engine = engine
-        self.max_queue = max_queue
-        self.queue_timeout_seconds = queue_timeout_seconds
-        self.max_batch_requests = max_batch_requests
+        self.max_queue = limits.max_queue
+        self.queue_timeout_seconds = limits.queue_timeout_seconds
+        self.max_batch_requests = limits.max_batch_requests
         self.pass_rows = engine.pass_rows  # a larger request is scored over several passes
         self._on_native_failure = on_native_failure
         self._queue: collections.deque[_Job] = collections.deque()
@@ -148,9 +138,10 @@ class Scheduler:
         prompts: Sequence[Sequence[int]],
         continuations: Sequence[Sequence[int]],
         deadline: float,
+        cancel: Cancellation,
     ) -> _Job:
         """Queue a scoring request (already validated); a full queue is a retryable 503."""
-        job = _Job(prompts, continuations, deadline, time.monotonic())
+        job = _Job(prompts, continuations, deadline, time.monotonic(), cancel)
         with self._condition:
             self._admit(len(self._queue) + len(self._chats))
             self._queue.append(job)
@@ -165,8 +156,9 @@ class Scheduler:
         sampling: Sampling,
         stop: Sequence[str],
         deadline: float,
+        cancel: Cancellation,
     ) -> _ChatJob:
-        job = _ChatJob(prompt, max_new_tokens, sampling, stop, deadline)
+        job = _ChatJob(prompt, max_new_tokens, sampling, stop, deadline, cancel)
         with self._condition:
             self._admit(len(self._queue) + len(self._chats))
             self._chats.append(job)
@@ -175,12 +167,13 @@ class Scheduler:
 
     def _admit(self, waiting: int) -> None:
         if self._stopping:
-            raise UnavailableError("the server is shutting down", retryable=True)
+            raise UnavailableError("the server is shutting down", retryable=True, cause="stopping")
         if waiting >= self.max_queue:
             raise UnavailableError(
                 f"busy: {waiting} requests are queued (SEMIF_MAX_QUEUE={self.max_queue})",
                 retryable=True,
                 retry_after=self._retry_after(waiting),
+                cause="queue_full",
             )
 
     def _retry_after(self, waiting: int) -> int:
@@ -250,8 +243,8 @@ class Scheduler:
         return taken
 
     def _expired(self, job: _Job, now: float) -> bool:
-        if job.cancelled.is_set():
-            job.future.set_exception(CancelledRequestError())
+        if job.cancel.is_set():
+            job.future.set_exception(job.cancel.error())
             return True
         if job.started is None and now - job.enqueued > self.queue_timeout_seconds:
             job.future.set_exception(
@@ -260,16 +253,12 @@ class Scheduler:
                     f"(SEMIF_QUEUE_TIMEOUT_S={self.queue_timeout_seconds:g})",
                     retryable=True,
                     retry_after=self._retry_after(len(self._queue)),
+                    cause="queue_timeout",
                 )
             )
             return True
         if now > job.deadline:
-            job.future.set_exception(
-                UnavailableError(
-                    "the request's deadline passed before it was scored (SEMIF_REQUEST_TIMEOUT_S)",
-                    retryable=True,
-                )
-            )
+            job.future.set_exception(deadline_error("before it was scored"))
             return True
         return False
 
@@ -326,8 +315,10 @@ class Scheduler:
         and after a native failure the instance reports unhealthy)."""
         if isinstance(error, NativeFailureError):
             self._on_native_failure(error)
-        if isinstance(error, CapacityError | CancelledWorkError):
-            return UnavailableError(str(error), retryable=True)
+        if isinstance(error, CapacityError):
+            return UnavailableError(str(error), retryable=True, cause="capacity")
+        if isinstance(error, CancelledWorkError):
+            return UnavailableError(str(error), retryable=True, cause="stopping")
         if not isinstance(error, NativeFailureError):
             LOG.exception("scoring pass failed")
         return error
@@ -347,8 +338,11 @@ class Scheduler:
         )
 
     def _start_chat(self, job: _ChatJob) -> tuple[_ChatJob, GenerationRun] | None:
-        if job.cancelled.is_set() or time.monotonic() > job.deadline:
-            job.future.set_exception(CancelledRequestError())
+        if job.cancel.is_set():
+            job.future.set_exception(job.cancel.error())
+            return None
+        if time.monotonic() > job.deadline:
+            job.future.set_exception(deadline_error("before generation began"))
             return None
         try:
             run = self.engine.start_generation(
@@ -367,17 +361,14 @@ class Scheduler:
     ) -> tuple[_ChatJob, GenerationRun] | None:
         """One token; the generation ends early when its client left or time ran out."""
         try:
-            if job.cancelled.is_set():
-                raise CancelledRequestError()
+            if job.cancel.is_set():
+                raise job.cancel.error()
             if time.monotonic() > job.deadline:
-                raise UnavailableError(
-                    "the request's deadline passed during generation (SEMIF_REQUEST_TIMEOUT_S)",
-                    retryable=True,
-                )
+                raise deadline_error("during generation")
             if not run.step():
                 return job, run
             result = run.result()
-        except (CancelledRequestError, UnavailableError) as error:
+        except ApiError as error:
             job.future.set_exception(error)
             run.close()
             return None
@@ -390,7 +381,7 @@ class Scheduler:
         return None
 
     def _fail_all(self, generation: tuple[_ChatJob, GenerationRun] | None) -> None:
-        stopping = UnavailableError("the server is shutting down", retryable=True)
+        stopping = UnavailableError("the server is shutting down", retryable=True, cause="stopping")
         for job in self._queue:
             job.future.set_exception(stopping)
         self._queue.clear()

@@ -191,8 +191,6 @@ def parse_decision_body(body: Any, max_shared: int) -> DecisionRequest:
     return DecisionRequest("shared", parse_decisions(entry["decisions"], max_shared), policy)
 
 
-def parse_decision_request(body: Any, max_shared: int) -> tuple[Mode, list[Decision]]:
-    """Return ("single", [d]) or ("shared", [d, ...]): the decisions alone, for callers
-    that read them with the server's policy."""
-    request = parse_decision_body(body, max_shared)
-    return request.mode, request.decisions
+def decision_paths(mode: Mode, count: int) -> list[str]:
+    """How the decision API names each decision in error messages."""
+    return ["decision"] if mode == "single" else [f"decisions[{index}]" for index in range(count)]

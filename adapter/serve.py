@@ -15,6 +15,7 @@ timeout backs it up, all inside SageMaker's 30 s before SIGKILL.
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import logging
 import socket
@@ -22,11 +23,16 @@ import sys
 from types import FrameType
 from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from adapter.settings import Settings, SettingsError, load_settings
 
 KEEP_ALIVE_SECONDS = 75  # longer than SageMaker's 60 s idle connection reuse
+# A request's head (request line and headers) must arrive within this many seconds of its
+# first byte; SageMaker's front end sends it at once.
+HEAD_TIMEOUT_SECONDS = 10.0
 # After the grace period: time for cancelled work to reach a decode boundary and answer.
 SHUTDOWN_BACKSTOP_SECONDS = 4
 
@@ -59,6 +65,50 @@ def bind(settings: Settings) -> socket.socket:
         ) from None
     sock.set_inheritable(True)
     return sock
+
+
+class HeadDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on every request head.
+
+    uvicorn times a connection out only while it idles after a response (keep-alive); one
+    that opens and sends nothing, or trickles a header line every few seconds, would hold
+    its socket forever. Here a new connection gets the same idle limit as one between
+    requests (KEEP_ALIVE_SECONDS: SageMaker may open one before it has a request), and a
+    head must be complete within HEAD_TIMEOUT_SECONDS of its first byte; either way the
+    connection is closed (there is no request yet to answer). The body has its own limit
+    (SEMIF_BODY_TIMEOUT_SECONDS, adapter.http)."""
+
+    head_timeout_seconds = HEAD_TIMEOUT_SECONDS
+    _head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # uvicorn's own idle timer, which it cancels when data arrives.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:  # the head is still incomplete
+            if self._head_deadline is None:
+                self._arm_head_deadline()
+        elif self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm_head_deadline(self) -> None:
+        self._head_deadline = self.loop.call_later(self.head_timeout_seconds, self._head_late)
+
+    def _head_late(self) -> None:
+        self._head_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
 
 
 class _Server(uvicorn.Server):
@@ -108,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     runtime = app.state.runtime
     config = uvicorn.Config(
         app,
-        http="h11",
+        http=HeadDeadlineProtocol,
         lifespan="on",
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,

@@ -1,9 +1,10 @@
 """The one door to the engine: prompts, the token limits, scoring, readout and generation.
 
 Every HTTP route (and the benchmarks) reaches the model through this service, so the
-token limits are checked in one place, before a request queues; the engine is used only by
-the scheduler's worker (adapter.scheduler), and a native failure marks the service
-unhealthy in one place.
+token limits are checked in one place, before a request queues, and a native failure marks
+the service unhealthy in one place. Threads: its methods run on request threads; they
+tokenize (the read-only vocabulary, under `_native` so `close` cannot free it meanwhile)
+and hand all decoding to the scheduler's worker (adapter.scheduler), then wait for it.
 """
 
 from __future__ import annotations
@@ -17,25 +18,24 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, TypeVar
 
-from adapter.calibration import describe
+from adapter.cancel import Cancellation, deadline_error
 from adapter.engine import Generation, LlamaEngine, Sampling
 from adapter.errors import RequestError, UnavailableError
 from adapter.kv_layout import common_prefix_length
 from adapter.labels import LabelError, LabelSet
-from adapter.ordering import Variants, expand, read
+from adapter.ordering import Reading, Variants, expand, read
 from adapter.prompts import (
-    PROMPT_VERSION,
     ChatTemplate,
     RenderedPrompt,
     TemplateRenderError,
     answer_labels,
-    prompt_sha256,
     render_chat_prompt,
     render_decision_prompt,
 )
-from adapter.readout import READOUT, NonFiniteLogitsError, SlotReadout, read_labels
+from adapter.readout import NonFiniteLogitsError, SlotReadout, read_labels
 from adapter.scheduler import JobTiming, Scheduler
-from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy
+from adapter.schema import Decision, Mode, decision_paths
+from adapter.settings import QueueLimits
 from model_build.calibration import Calibration, OptionOrder
 
 T = TypeVar("T")
@@ -88,11 +88,7 @@ class DecisionService:
     model: dict[str, Any]
     calibration: Calibration | None = None  # the model manifest's (adapter.calibration)
     option_order: OptionOrder = "canonical"  # SEMIF_OPTION_ORDER: requests may override it
-    max_request_tokens: int = 16_384
-    request_timeout_seconds: float = 50.0
-    max_queue: int = 256
-    queue_timeout_seconds: float = 20.0
-    max_batch_requests: int = 32
+    limits: QueueLimits = field(default_factory=QueueLimits)
     health: Health = field(default_factory=Health)
     scheduler: Scheduler = field(init=False)
     _native: threading.Lock = field(default_factory=threading.Lock)  # tokenizing vs close
@@ -100,11 +96,7 @@ class DecisionService:
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(
-            self.engine,
-            max_queue=self.max_queue,
-            queue_timeout_seconds=self.queue_timeout_seconds,
-            max_batch_requests=self.max_batch_requests,
-            on_native_failure=self._mark_unhealthy,
+            self.engine, limits=self.limits, on_native_failure=self._mark_unhealthy
         )
 
     @property
@@ -117,18 +109,16 @@ class DecisionService:
         self.health.healthy = False
         self.health.error = str(error)
 
-    def _wait(self, future: Future[T], cancelled: threading.Event, started: float) -> T:
-        """Wait for the worker within the request deadline; past it the request is
-        cancelled (the worker drops it at the next pass or token)."""
-        remaining = self.request_timeout_seconds - (time.monotonic() - started)
+    def _wait(self, future: Future[T], cancel: Cancellation, started: float) -> T:
+        """Wait for the worker within the request deadline; past it the request is cancelled
+        for its deadline (the worker drops it at the next pass or token)."""
+        remaining = self.limits.request_timeout_seconds - (time.monotonic() - started)
         try:
             return future.result(timeout=max(remaining, 0.0))
         except FutureTimeoutError:
-            cancelled.set()
-            raise UnavailableError(
-                f"the request did not finish within SEMIF_REQUEST_TIMEOUT_S="
-                f"{self.request_timeout_seconds:g} s",
-                retryable=True,
+            cancel.set("deadline")
+            raise deadline_error(
+                f"after {self.limits.request_timeout_seconds:g} s, before the work finished"
             ) from None
 
     def close(self, wait_seconds: float) -> bool:
@@ -142,10 +132,13 @@ class DecisionService:
                 self.engine.close()
         return True
 
-    def _piece(self, token: int) -> str:
+    def piece(self, token: int) -> str:
+        """A token's text (the readout's top token), unless the model is being freed."""
         with self._native:
             if self._closed:
-                raise UnavailableError("the server is shutting down", retryable=True)
+                raise UnavailableError(
+                    "the server is shutting down", retryable=True, cause="stopping"
+                )
             return self.engine.piece(token)
 
     def tokenize_prompt(self, prompt: RenderedPrompt, path: str, hint: str = "") -> list[int]:
@@ -153,7 +146,9 @@ class DecisionService:
         SEMIF_MAX_TOKENS (the one check)."""
         with self._native:  # the vocabulary must not be freed under the tokenizer
             if self._closed:
-                raise UnavailableError("the server is shutting down", retryable=True)
+                raise UnavailableError(
+                    "the server is shutting down", retryable=True, cause="stopping"
+                )
             tokens = self.engine.tokenize_prompt(prompt.text, prompt.user_spans)
         if len(tokens) > self.max_tokens:
             raise RequestError(
@@ -165,7 +160,7 @@ class DecisionService:
 
     def render(self, decisions: Sequence[Decision], mode: Mode) -> list[tuple[str, list[int]]]:
         """Render and tokenize each decision, refusing any prompt over the token limit."""
-        return self._render(decisions, _paths(mode, len(decisions)))
+        return self._render(decisions, decision_paths(mode, len(decisions)))
 
     def _render(
         self, decisions: Sequence[Decision], paths: Sequence[str]
@@ -186,13 +181,19 @@ class DecisionService:
         except LabelError as error:
             raise RequestError(path, str(error)) from None
 
-    def score(self, decisions: Sequence[Decision], paths: Sequence[str]) -> ScoredBatch:
+    def score(
+        self,
+        decisions: Sequence[Decision],
+        paths: Sequence[str],
+        cancel: Cancellation | None = None,
+    ) -> ScoredBatch:
         """Score decisions of any size (2..260 options) in the scheduler's next passes.
 
-        `paths` name each decision in errors. Everything is validated (prompt and request
-        token limits) before the request queues; decisions about one state share its
-        prefix, and options labelled with two tokens get their second-token logits in the
-        same pass.
+        `paths` name each decision in errors; `cancel` (adapter.cancel) is the request's own,
+        set by the HTTP layer when its client leaves (in-process callers may omit it).
+        Everything is validated (prompt and request token limits) before the request
+        queues; decisions about one state share its prefix, and options labelled with two
+        tokens get their second-token logits in the same pass.
         """
         started = time.monotonic()
         prompts = self._render(decisions, paths)
@@ -203,16 +204,19 @@ class DecisionService:
         # counts once, as it is decoded once) and its label continuations.
         distinct = distinct_tokens(token_lists)
         cost = distinct + sum(len(f) for f in firsts)
-        if cost > self.max_request_tokens:
+        if cost > self.limits.max_request_tokens:
             raise RequestError(
                 paths[0].split("[")[0].split(".")[0],
                 f"the request costs {cost} tokens (distinct prompt tokens and label "
                 "continuations); the "
-                f"limit is {self.max_request_tokens} (SEMIF_MAX_REQUEST_TOKENS); send fewer "
+                f"limit is {self.limits.max_request_tokens} (SEMIF_MAX_REQUEST_TOKENS); send fewer "
                 "or shorter decisions",
             )
-        job = self.scheduler.submit(token_lists, firsts, started + self.request_timeout_seconds)
-        scores, timing = self._wait(job.future, job.cancelled, started)
+        cancel = cancel or Cancellation()
+        job = self.scheduler.submit(
+            token_lists, firsts, started + self.limits.request_timeout_seconds, cancel
+        )
+        scores, timing = self._wait(job.future, cancel, started)
         try:
             readouts = [
                 read_labels(score.logits, score.next_logits, group)
@@ -231,46 +235,16 @@ class DecisionService:
             distinct_input_tokens=distinct,
         )
 
-    def decide(
-        self, decisions: Sequence[Decision], mode: Mode, policy: Policy = DEFAULT_POLICY
-    ) -> dict[str, Any]:
-        """Score every decision in the policy's option order (adapter.ordering), all in one
-        batch: a shared prefix, and every debiased rotation, is evaluated once."""
-        order = policy.option_order or self.option_order
-        variants = [Variants.of(d, "choice", order, self.calibration) for d in decisions]
-        batch = self.score(*expand(variants, _paths(mode, len(decisions))))
-        results = []
-        offset = 0
-        for variant, reading in zip(variants, read(variants, batch), strict=True):
-            # Per result: tokens its prompts took from resident prefixes, and the rest (rows
-            # shared with other prompts count for each; the request's timing counts them once).
-            reused = sum(batch.reused_tokens[offset : offset + reading.prompts])
-            offset += reading.prompts
-            reason = policy.abstain_reason(reading.probabilities, reading.allowed_token_mass)
-            results.append(
-                {
-                    "id": variant.decision.id,
-                    "option_ids": variant.decision.option_ids,
-                    "probabilities": reading.probabilities,
-                    "option_logits": reading.option_logits,
-                    "allowed_token_mass": reading.allowed_token_mass,
-                    "top_token": self._piece(reading.top_token_id),
-                    "abstained": reason is not None,
-                    "abstain_reason": reason,
-                    "option_order": order,
-                    "calibration": describe(self.calibration, variant.correction),
-                    "input_tokens": reading.input_tokens,
-                    "prompt_sha256": prompt_sha256(reading.prompt),
-                    "prompt_version": PROMPT_VERSION,
-                    "readout": READOUT,
-                    "timing": {
-                        "prompts": reading.prompts,
-                        "evaluated_tokens": reading.input_tokens - reused,
-                        "reused_tokens": reused,
-                    },
-                }
-            )
-        return {"results": results, "timing": batch.timing_json()}
+    def read_variants(
+        self,
+        variants: Sequence[Variants],
+        paths: Sequence[str],
+        cancel: Cancellation | None = None,
+    ) -> tuple[list[Reading], ScoredBatch]:
+        """Score each question's prompts in its option order (adapter.ordering) in one
+        batch, and read them back in the caller's order: how every API scores options."""
+        batch = self.score(*expand(variants, paths), cancel)
+        return read(variants, batch), batch
 
     def generate(
         self,
@@ -279,6 +253,7 @@ class DecisionService:
         max_new_tokens: int,
         sampling: Sampling,
         stop: Sequence[str],
+        cancel: Cancellation | None = None,
     ) -> Generation:
         """Chat: render the messages, check the prompt limit, and generate while holding the
         engine."""
@@ -287,14 +262,16 @@ class DecisionService:
             prompt = render_chat_prompt(self.template, messages)
         except (TemplateRenderError, ValueError) as error:
             raise RequestError("messages", str(error)) from None
+        cancel = cancel or Cancellation()
         job = self.scheduler.submit_generation(
             self.tokenize_prompt(prompt, "messages"),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             stop=stop,
-            deadline=started + self.request_timeout_seconds,
+            deadline=started + self.limits.request_timeout_seconds,
+            cancel=cancel,
         )
-        return self._wait(job.future, job.cancelled, started)
+        return self._wait(job.future, cancel, started)
 
 
 def distinct_tokens(prompts: Sequence[Sequence[int]]) -> int:
@@ -302,8 +279,3 @@ def distinct_tokens(prompts: Sequence[Sequence[int]]) -> int:
     ordered = sorted(tuple(prompt) for prompt in prompts)
     shared = sum(common_prefix_length(left, right) for left, right in pairwise(ordered))
     return sum(len(prompt) for prompt in ordered) - shared
-
-
-def _paths(mode: Mode, count: int) -> list[str]:
-    """How the decision API names each decision in error messages."""
-    return ["decision"] if mode == "single" else [f"decisions[{index}]" for index in range(count)]

@@ -49,6 +49,23 @@ def _within(path: Path, directory: Path) -> bool:
 
 
 @dataclass(frozen=True)
+class QueueLimits:
+    """How much waits and for how long: the five queue settings as one value, from
+    `Settings.queue_limits` to the service (deadline, request budget) and its scheduler
+    (queue depth, queue timeout, requests per pass)."""
+
+    # Continuous batching: requests waiting for a pass, and how long one may wait there.
+    max_queue: int = 256
+    queue_timeout_seconds: float = 20.0
+    # Queue plus scoring; past it the request is dropped between passes (a retryable 503).
+    request_timeout_seconds: float = 50.0
+    # Requests one batched pass takes; 1 scores one request at a time (serial).
+    max_batch_requests: int = 32
+    # Tokens one request may cost: every prompt and label continuation of its decisions.
+    max_request_tokens: int = 16_384
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the server needs to know; immutable after start."""
 
@@ -61,15 +78,12 @@ class Settings:
     n_gpu_layers: int = 0
     max_tokens: int = 4096
     max_shared_decisions: int = 64
-    # Continuous batching: requests waiting for a pass, and how long one may wait there.
-    max_queue: int = 256
-    queue_timeout_seconds: float = 20.0
-    # Queue plus scoring; past it the request is dropped between passes (a retryable 503).
-    request_timeout_seconds: float = 50.0
-    # Requests one batched pass takes; 1 scores one request at a time (serial).
-    max_batch_requests: int = 32
-    # Tokens one request may cost: every prompt and label continuation of its decisions.
-    max_request_tokens: int = 16_384
+    # The queue's limits (QueueLimits: one value for the service and the scheduler).
+    max_queue: int = QueueLimits.max_queue
+    queue_timeout_seconds: float = QueueLimits.queue_timeout_seconds
+    request_timeout_seconds: float = QueueLimits.request_timeout_seconds
+    max_batch_requests: int = QueueLimits.max_batch_requests
+    max_request_tokens: int = QueueLimits.max_request_tokens
     # Bit-identical scores whatever came before or rode along (aligned KV layout, no
     # flash attention); false trades that for a little speed.
     exact_scoring: bool = True
@@ -89,6 +103,16 @@ class Settings:
     option_order: OptionOrder = "canonical"
     # Which of llama.cpp's extra weight buffer types may hold weights (adapter.weight_buffers).
     weight_buffers: WeightBuffers = "auto"
+
+    @property
+    def queue_limits(self) -> QueueLimits:
+        return QueueLimits(
+            max_queue=self.max_queue,
+            queue_timeout_seconds=self.queue_timeout_seconds,
+            request_timeout_seconds=self.request_timeout_seconds,
+            max_batch_requests=self.max_batch_requests,
+            max_request_tokens=self.max_request_tokens,
+        )
 
     @property
     def stream_cells(self) -> int:
@@ -230,15 +254,23 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             "use SEMIF_MAX_QUEUE (waiting requests) and SEMIF_MAX_BATCH_REQUESTS (requests "
             "per pass) instead, and unset it"
         )
-    queue_timeout = _seconds(env, "SEMIF_QUEUE_TIMEOUT_S", 20.0, 0.1, 55.0)
-    request_timeout = _seconds(env, "SEMIF_REQUEST_TIMEOUT_S", 50.0, 1.0, 3600.0)
+    queue_timeout = _seconds(
+        env, "SEMIF_QUEUE_TIMEOUT_S", Settings.queue_timeout_seconds, 0.1, 55.0
+    )
+    request_timeout = _seconds(
+        env, "SEMIF_REQUEST_TIMEOUT_S", Settings.request_timeout_seconds, 1.0, 3600.0
+    )
     if request_timeout < queue_timeout:
         raise SettingsError(
             f"SEMIF_REQUEST_TIMEOUT_S={request_timeout:g} is below SEMIF_QUEUE_TIMEOUT_S="
             f"{queue_timeout:g}; the request deadline covers the queue wait"
         )
     max_request_tokens = _required_int(
-        env, "SEMIF_MAX_REQUEST_TOKENS", max(16_384, max_tokens), max_tokens, 1 << 20
+        env,
+        "SEMIF_MAX_REQUEST_TOKENS",
+        max(Settings.max_request_tokens, max_tokens),
+        max_tokens,
+        1 << 20,
     )
     return Settings(
         port=_port(env),
@@ -250,10 +282,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         n_gpu_layers=_required_int(env, "SEMIF_N_GPU_LAYERS", 0, -1, 100_000),
         max_tokens=max_tokens,
         max_shared_decisions=_required_int(env, "SEMIF_MAX_SHARED_DECISIONS", 64, 1, 1024),
-        max_queue=_required_int(env, "SEMIF_MAX_QUEUE", 256, 1, 4096),
+        max_queue=_required_int(env, "SEMIF_MAX_QUEUE", Settings.max_queue, 1, 4096),
         queue_timeout_seconds=queue_timeout,
         request_timeout_seconds=request_timeout,
-        max_batch_requests=_required_int(env, "SEMIF_MAX_BATCH_REQUESTS", 32, 1, 256),
+        max_batch_requests=_required_int(
+            env, "SEMIF_MAX_BATCH_REQUESTS", Settings.max_batch_requests, 1, 256
+        ),
         max_request_tokens=max_request_tokens,
         exact_scoring=_flag(env, "SEMIF_EXACT_SCORING", default=True),
         max_body_bytes=_required_int(env, "SEMIF_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20),

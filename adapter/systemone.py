@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from adapter import fields
+from adapter.cancel import Cancellation
 from adapter.errors import RequestError, SchemaError
 from adapter.fields import JsonState, member_path
-from adapter.ordering import Variants, expand, read
+from adapter.ordering import Variants
 from adapter.schema import Decision, Option, option_order
 from adapter.service import DecisionService, ScoredBatch
 from model_build.calibration import OptionOrder
@@ -177,7 +178,7 @@ def shape_answer(question: Question, probabilities: Sequence[float]) -> dict[str
 
 
 def answer(
-    service: DecisionService, request: SystemOneRequest
+    service: DecisionService, request: SystemOneRequest, cancel: Cancellation | None = None
 ) -> tuple[dict[str, Any], ScoredBatch]:
     """Score all questions in one engine call and shape the System One response.
 
@@ -190,14 +191,14 @@ def answer(
         Variants.of(question.decision, question.kind, mode, service.calibration)
         for question in questions
     ]
-    batch = service.score(
-        *expand(variants, [member_path("questions", question.key) for question in questions])
+    readings, batch = service.read_variants(
+        variants, [member_path("questions", question.key) for question in questions], cancel
     )
     response = {
         "model": service.model_id,
         "answers": {
             question.key: shape_answer(question, reading.probabilities)
-            for question, reading in zip(questions, read(variants, batch), strict=True)
+            for question, reading in zip(questions, readings, strict=True)
         },
         "usage": {"input_tokens": batch.distinct_input_tokens, "output_tokens": 0},
     }

@@ -23,7 +23,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from cdk_constructs.deploy_roles import allow_logging, machinery_logs
-from cdk_constructs.nag import acknowledge
+from cdk_constructs.nag import acknowledge, acknowledge_provider_invokes
 
 HANDLER_DIR = Path(__file__).parent / "build_waiter"
 POLL_INTERVAL = Duration.seconds(30)
@@ -108,22 +108,7 @@ class BuildWaiter(Construct):
 
     def _acknowledge_framework(self, handlers: Iterable[lambda_.Function]) -> None:
         """Findings on the resources the CDK Provider framework creates for itself."""
-        stack = Stack.of(self)
-        framework = [
-            child
-            for child in self.provider.node.find_all()
-            if isinstance(child, lambda_.CfnFunction)
-        ]
-        invoked = [*(fn.node.default_child for fn in handlers), *framework]
-        for function in invoked:
-            assert isinstance(function, lambda_.CfnFunction)
-            logical_id = stack.resolve(stack.get_logical_id(function))
-            acknowledge(
-                self,
-                f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>:*]",
-                "lambda:InvokeFunction on '<function ARN>:*' is how CDK's grantInvoke covers "
-                "the versions of one named function of this waiter; nothing else matches.",
-            )
+        acknowledge_provider_invokes(self, self.provider, handlers, "this waiter")
         acknowledge(
             self.provider,
             "AwsSolutions-IAM5[Resource::*]",

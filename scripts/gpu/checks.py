@@ -22,6 +22,7 @@ import httpx
 import llama_cpp
 import llama_cpp._logger
 
+from adapter.decisions import decide
 from adapter.kv_layout import MIN_ROWS
 from adapter.runtime import load_service
 from adapter.schema import Decision, Option
@@ -154,7 +155,7 @@ def labels(service: DecisionService) -> dict[str, Any]:
     counts = (16, 60)
     for count in counts:
         options = tuple(Option(f"o{index}", f"Option number {index}.") for index in range(count))
-        answer = service.decide([Decision("labels", "Any evidence.", "Which?", options)], "single")
+        answer = decide(service, [Decision("labels", "Any evidence.", "Which?", options)], "single")
         _require_distributions(answer)
     return {"option_counts": list(counts)}
 
@@ -162,7 +163,7 @@ def labels(service: DecisionService) -> dict[str, Any]:
 def shared_state(service: DecisionService, decisions: Sequence[Decision]) -> dict[str, Any]:
     """One shared batch gives each decision what it gets alone, evaluating the state once."""
     service.engine.reset()
-    shared = service.decide(decisions, "shared")
+    shared = decide(service, decisions, "shared")
     timing = shared["timing"]
     state_tokens = len(service.engine.tokenize(decisions[0].state_text))
     # Decoded once, whatever the passes: each further prompt saves its state, less the
@@ -174,7 +175,7 @@ def shared_state(service: DecisionService, decisions: Sequence[Decision]) -> dic
     alone: list[list[float]] = []
     for decision in decisions:
         service.engine.reset()
-        alone.extend(_probabilities(service.decide([decision], "single")))
+        alone.extend(_probabilities(decide(service, [decision], "single")))
     difference = _largest_difference(_probabilities(shared), alone)
     require(difference <= TOLERANCE, f"shared vs alone differ by {difference:.4f}")
     return {"timing": timing, "largest_difference": difference, "probabilities": alone}
@@ -185,18 +186,18 @@ def prefix_reuse(service: DecisionService, first: Decision, second: Decision) ->
     a cold forward of its whole prompt does."""
     engine = service.engine
     engine.reset()
-    cold_first = service.decide([first], "single")
+    cold_first = decide(service, [first], "single")
     require(cold_first["timing"]["reused_tokens"] == 0, "a reset cache reused tokens")
-    warm = service.decide([second], "single")
+    warm = decide(service, [second], "single")
     tokens = warm["results"][0]["input_tokens"]
     reused, evaluated = warm["timing"]["reused_tokens"], warm["timing"]["evaluated_tokens"]
     require(reused + evaluated == tokens, f"{reused} + {evaluated} != {tokens} tokens")
     require(reused > len(engine.tokenize(second.state_text)), f"only {reused} tokens reused")
     require(evaluated < tokens / 3, f"{evaluated} of {tokens} tokens evaluated")
-    repeat = service.decide([second], "single")
+    repeat = decide(service, [second], "single")
     _require_only_the_tail_again(repeat["timing"])
     engine.reset()
-    cold = service.decide([second], "single")
+    cold = decide(service, [second], "single")
     difference = max(
         _largest_difference(_probabilities(warm), _probabilities(cold)),
         _largest_difference(_probabilities(repeat), _probabilities(cold)),

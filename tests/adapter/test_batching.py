@@ -6,30 +6,33 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from adapter.engine import BatchTiming, PromptScore, Sampling
+from adapter.cancel import Cancellation
+from adapter.decisions import decide
+from adapter.engine import Sampling
 from adapter.errors import RequestError, UnavailableError
 from adapter.runtime import LoadedModel
 from adapter.scheduler import Scheduler
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
+from adapter.settings import QueueLimits
+from tests.support.fake_engine import FakeEngine
 from tests.support.models import open_test_model
 
 
-def _service(model: LoadedModel, **overrides: object) -> DecisionService:
+def _service(model: LoadedModel, **limits: int) -> DecisionService:
     return DecisionService(
         engine=model.engine,
         template=model.template,
         labels=model.labels,
         max_tokens=1024,
         model={},
-        **overrides,  # type: ignore[arg-type]
+        limits=QueueLimits(**limits),
     )
 
 
@@ -97,9 +100,9 @@ def tiny(tiny_gguf: Path) -> LoadedModel:
 def test_concurrent_requests_ride_together_and_match_serial(tiny: LoadedModel) -> None:
     service = _service(tiny)
     try:
-        serial = [service.decide([_decision(i)], "single") for i in range(8)]
+        serial = [decide(service, [_decision(i)], "single") for i in range(8)]
         with ThreadPoolExecutor(8) as pool:
-            together = list(pool.map(lambda i: service.decide([_decision(i)], "single"), range(8)))
+            together = list(pool.map(lambda i: decide(service, [_decision(i)], "single"), range(8)))
         for alone, rode in zip(serial, together, strict=True):
             assert rode["results"][0]["probabilities"] == alone["results"][0]["probabilities"]
         assert max(r["timing"]["batch_requests"] for r in together) > 1
@@ -123,15 +126,15 @@ def test_a_full_queue_is_retryable(tiny: LoadedModel) -> None:
         chat = _long_chat(service)
         refused: list[UnavailableError] = []
 
-        def decide(index: int) -> None:
+        def ask(index: int) -> None:
             try:
-                service.decide([_decision(index)], "single")
+                decide(service, [_decision(index)], "single")
             except UnavailableError as error:
                 refused.append(error)
 
         for _ in range(50):
-            threading.Thread(target=decide, args=(0,)).start()  # either one may be refused
-            decide(1)
+            threading.Thread(target=ask, args=(0,)).start()  # either one may be refused
+            ask(1)
             if refused:
                 break
         assert refused
@@ -147,7 +150,7 @@ def test_an_over_budget_request_is_refused_before_queueing(tiny: LoadedModel) ->
     service = _service(tiny, max_request_tokens=50)
     try:
         with pytest.raises(RequestError, match=r"costs \d+ tokens.*limit is 50"):
-            service.decide([_decision(0)], "single")
+            decide(service, [_decision(0)], "single")
         assert service.scheduler.waiting == 0
     finally:
         service.close(10)
@@ -157,7 +160,7 @@ def test_scoring_finishes_while_a_long_chat_runs(tiny: LoadedModel) -> None:
     service = _service(tiny)
     try:
         chat = _long_chat(service)
-        service.decide([_decision(0)], "single")
+        decide(service, [_decision(0)], "single")
         assert chat.is_alive()
         chat.join()
     finally:
@@ -172,7 +175,12 @@ def test_scoring_between_chat_steps_leaves_the_chat_as_it_is_alone(tiny_gguf: Pa
     rng = random.Random(7)
     prompt = [rng.randrange(3, 200) for _ in range(120)]
     try:
-        alone = engine.generate(prompt, max_new_tokens=24, sampling=Sampling())
+        solo = engine.start_generation(prompt, max_new_tokens=24, sampling=Sampling())
+        try:
+            while not solo.step():
+                pass
+        finally:
+            solo.close()
         engine.reset()
         run = engine.start_generation(prompt, max_new_tokens=24, sampling=Sampling())
         try:
@@ -186,56 +194,39 @@ def test_scoring_between_chat_steps_leaves_the_chat_as_it_is_alone(tiny_gguf: Pa
                 pass
         finally:
             run.close()
-        assert run.result().text == alone.text
+        assert run.result().text == solo.result().text
     finally:
         engine.close()
 
 
-class _RecordingEngine:
-    """Just what the scheduler reads of an engine; `score` records each pass and holds the
-    first one until released, so a second request can queue behind it."""
-
-    pass_rows = 95  # a 91-token prompt, but not its sibling too (adapter.scheduler costs)
-    max_branches = 16
-    prefix_reuse = False
-
-    def __init__(self) -> None:
-        self.passes: list[tuple[int, bool]] = []
-        self.release = threading.Event()
-
-    def score(
-        self,
-        prompts: Sequence[Sequence[int]],
-        continuations: Sequence[Sequence[int]],
-        *,
-        continuing: bool,
-    ) -> tuple[list[PromptScore], BatchTiming]:
-        self.passes.append((len(prompts), continuing))
-        self.release.wait(10)
-        scores = [PromptScore(np.zeros(4, np.float32), len(prompt)) for prompt in prompts]
-        return scores, BatchTiming(sum(map(len, prompts)), 0, 0, 0, 0.0)
-
-
 def test_without_reuse_a_continuing_request_gets_its_last_pass_to_itself() -> None:
     """A newcomer in that pass would empty the cache the request's rest reads from."""
-    engine = _RecordingEngine()
+    # 95 rows: a 91-token prompt, but not its sibling too (adapter.scheduler prices)
+    engine = FakeEngine(pass_rows=95, prefix_reuse=False)
     scheduler = Scheduler(
         engine,  # type: ignore[arg-type]
-        max_queue=8,
-        queue_timeout_seconds=10,
-        max_batch_requests=8,
+        limits=QueueLimits(
+            max_queue=8,
+            queue_timeout_seconds=10,
+            max_batch_requests=8,
+        ),
         on_native_failure=lambda _: None,
     )
     try:
         state = list(range(90))
-        shared = scheduler.submit([[*state, 1], [*state, 2]], [(), ()], time.monotonic() + 10)
-        while not engine.passes:
-            time.sleep(0.01)
-        newcomer = scheduler.submit([[7, 8]], [()], time.monotonic() + 10)
+        shared = scheduler.submit(
+            [[*state, 1], [*state, 2]], [(), ()], time.monotonic() + 10, Cancellation()
+        )
+        assert engine.entered.wait(10)
+        newcomer = scheduler.submit([[7, 8]], [()], time.monotonic() + 10, Cancellation())
         engine.release.set()
         shared.future.result(10)
         newcomer.future.result(10)
     finally:
         scheduler.close(5)
     # The first prompt fills a pass; its sibling and the newcomer would fit the next one.
-    assert engine.passes == [(1, False), (1, True), (1, False)]
+    assert [(len(p.prompts), p.continuing) for p in engine.passes] == [
+        (1, False),
+        (1, True),
+        (1, False),
+    ]

@@ -20,9 +20,7 @@ from adapter.runtime import load_service
 from adapter.schema import parse_decision
 from adapter.settings import Settings
 from model_build.calibration import Calibration
-from model_build.embedded import sha256_of
-from model_build.gguf_info import inspect_gguf
-from model_build.manifest import BuildInfo, Manifest, SourceInfo
+from tests.support.manifests import write_manifest
 from tests.support.serving import decision, serving
 
 HEADERS = {"content-type": "application/json"}
@@ -42,18 +40,6 @@ QUESTIONS = {
         "criteria": ["Not urgent.", "Urgent.", "Very urgent."],
     },
 }
-
-
-def write_manifest(model_dir: Path, calibration: Calibration) -> None:
-    gguf = next(model_dir.glob("*.gguf"))
-    info = inspect_gguf(gguf, file=gguf.name, size=gguf.stat().st_size, sha256=sha256_of(gguf))
-    manifest = Manifest(
-        source=SourceInfo(uri="s3://bucket/tiny.gguf", revision=None, file=gguf.name),
-        gguf=info,
-        build=BuildInfo(built_at="2026-11-29T00:00:00Z", builder_version="test"),
-        calibration=calibration,
-    )
-    (model_dir / "model-manifest.json").write_text(manifest.to_json())
 
 
 def post(client: TestClient, body: Any, path: str = "/invocations") -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 
 from adapter.app import create_app
 from adapter.settings import Settings
-from tests.support.live_server import live_server, runtime_of
+from tests.support.live_server import live_server, post_in_background, runtime_of
 from tests.support.serving import decision
 
 
@@ -37,12 +37,7 @@ def test_a_request_whose_client_left_is_dropped_before_its_pass(tiny_model_dir: 
             return real_score(prompts, *args, **kwargs)
 
         engine.score = slow_score  # type: ignore[method-assign]
-        slow = threading.Thread(
-            target=httpx.post,
-            args=(f"{url}/invocations",),
-            kwargs={"json": {"decision": decision("slow")}, "timeout": 30},
-        )
-        slow.start()
+        slow = post_in_background(url, {"decision": decision("slow")})
         assert first_pass.wait(30)
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/invocations", json={"decision": decision("gone")}, timeout=0.3)

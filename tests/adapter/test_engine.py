@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from adapter.backends import cpu_backend
+from adapter.decisions import decide
 from adapter.engine import CapacityError, LlamaEngine, ModelLoadError
 from adapter.kv_layout import MIN_ROWS, common_prefix_length
 from adapter.prompts import ANSWER_LETTERS, TemplateRenderError
@@ -70,13 +71,13 @@ def test_model_without_chat_template_is_refused(tmp_path: Path) -> None:
 def _probabilities(
     service: DecisionService, decisions: list[Decision], mode: str
 ) -> list[list[float]]:
-    response = service.decide(decisions, mode)  # type: ignore[arg-type]
+    response = decide(service, decisions, mode)  # type: ignore[arg-type]
     return [result["probabilities"] for result in response["results"]]
 
 
 def test_shared_batch_matches_each_decision_alone(model: LoadedModel) -> None:
     service, engine = service_of(model), model.engine
-    shared = service.decide(questions(), "shared")
+    shared = decide(service, questions(), "shared")
     timing = shared["timing"]
     # One pass: the prompts' shared state costs its rows once (adapter.scheduler).
     assert timing["passes"] == 1
@@ -94,11 +95,11 @@ def test_shared_batch_matches_each_decision_alone(model: LoadedModel) -> None:
 def test_request_wider_than_one_pass_is_split_over_passes(tiny_gguf: Path) -> None:
     narrow = open_test_model(tiny_gguf, max_branches=2)
     try:
-        waved = service_of(narrow).decide(questions(), "shared")
+        waved = decide(service_of(narrow), questions(), "shared")
         assert waved["timing"]["passes"] > 1
         wide = open_test_model(tiny_gguf)
         try:
-            expected = service_of(wide).decide(questions(), "shared")
+            expected = decide(service_of(wide), questions(), "shared")
         finally:
             wide.engine.close()
         for got, want in zip(waved["results"], expected["results"], strict=True):
@@ -110,10 +111,10 @@ def test_request_wider_than_one_pass_is_split_over_passes(tiny_gguf: Path) -> No
 def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
     service, engine = service_of(model), model.engine
     first, second = questions()[:2]
-    cold = service.decide([first], "single")
+    cold = decide(service, [first], "single")
     assert cold["timing"]["reused_tokens"] == 0
     assert cold["timing"]["evaluated_tokens"] == cold["results"][0]["input_tokens"]
-    warm = service.decide([second], "single")
+    warm = decide(service, [second], "single")
     tokens = warm["results"][0]["input_tokens"]
     suffix = warm["timing"]["evaluated_tokens"]
     assert warm["timing"]["reused_tokens"] + suffix == tokens
@@ -124,7 +125,7 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
     assert warm["timing"]["reused_tokens"] == common
     assert warm["timing"]["reused_tokens"] > len(engine.tokenize(STATE))
     assert suffix < tokens / 2  # the question and options
-    repeat = service.decide([second], "single")
+    repeat = decide(service, [second], "single")
     # Fully resident: only its last MIN_ROWS tokens are decoded again (exact path).
     assert repeat["timing"]["evaluated_tokens"] == MIN_ROWS
     assert repeat["timing"]["pad_tokens"] == MIN_ROWS - 1
@@ -135,8 +136,8 @@ def test_prefix_reuse_can_be_disabled(tiny_gguf: Path) -> None:
     fresh = open_test_model(tiny_gguf, prefix_reuse=False)
     try:
         service = service_of(fresh)
-        service.decide(questions()[:1], "single")
-        again = service.decide(questions()[:1], "single")
+        decide(service, questions()[:1], "single")
+        again = decide(service, questions()[:1], "single")
         assert again["timing"]["reused_tokens"] == 0
     finally:
         fresh.engine.close()
@@ -149,7 +150,7 @@ def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
     try:
         fresh.engine.pass_rows = 64  # below one prompt: every question is a pass of its own
         service = service_of(fresh)
-        asked = service.decide(questions(), "shared")
+        asked = decide(service, questions(), "shared")
         prompts = [tokens for _, tokens in service.render(questions(), "shared")]
         state = common_prefix_length(prompts[0], prompts[1])
         assert asked["timing"]["passes"] == len(prompts)
@@ -157,7 +158,7 @@ def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
         once = sum(len(prompt) for prompt in prompts) - (len(prompts) - 1) * (state - MIN_ROWS)
         assert asked["timing"]["evaluated_tokens"] <= once
         # The next request starts from an empty cache.
-        again = service.decide(questions()[:1], "single")
+        again = decide(service, questions()[:1], "single")
         assert again["timing"]["reused_tokens"] == 0
     finally:
         fresh.engine.close()

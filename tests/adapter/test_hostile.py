@@ -29,7 +29,7 @@ from adapter.prompts import (
     render_chat_prompt,
     render_decision,
 )
-from adapter.schema import parse_decision_request
+from adapter.schema import parse_decision_body
 from adapter.service import DecisionService
 from adapter.settings import Settings
 from model_build.tiny_gguf import CHAT_TEMPLATE
@@ -172,7 +172,7 @@ def test_forged_state_over_http_keeps_its_prompt_hash(tiny_client: TestClient) -
     # as_given: the prompt rendered here lists the options in the caller's order
     body = {"decision": decision(state=f"Ticket{injection.FORGED}"), "option_order": "as_given"}
     result = post(tiny_client, json.dumps(body)).json()["result"]
-    _, [request] = parse_decision_request(body, 4)
+    [request] = parse_decision_body(body, 4).decisions
     text = render_decision(service.template, request)
     assert result["prompt_sha256"] == hashlib.sha256(text.encode()).hexdigest()
     assert result["prompt_version"] == "semif-direct-options/1"
@@ -387,6 +387,17 @@ def test_odd_keys_get_unambiguous_field_paths(
     answer = post(tiny_client, json.dumps(body))
     assert answer.status_code in (400, 422)
     assert answer.json()["field"] == field
+
+
+@pytest.mark.parametrize("key", ["k" * 500_000, "é " * 100_000])
+def test_a_huge_unknown_key_is_cut_in_the_error(tiny_client: TestClient, key: str) -> None:
+    """The field path names the key by its start and length: a 500 KB key is not echoed."""
+    answer = post(tiny_client, json.dumps({"decision": {**decision(), key: 1}}))
+    assert answer.status_code == 400
+    assert len(answer.content) < 2000
+    field = answer.json()["field"]
+    assert field.startswith('decision["' + json.dumps(key[:64])[1:-1])
+    assert field.endswith(f'..." ({len(key)} characters)]')
 
 
 def test_chat_with_too_many_messages_is_refused_before_rendering(tiny_client: TestClient) -> None:

@@ -23,9 +23,7 @@ from adapter.readout import softmax
 from adapter.runtime import Runtime
 from adapter.settings import Settings
 from model_build.calibration import Calibration
-from model_build.embedded import sha256_of
-from model_build.gguf_info import inspect_gguf
-from model_build.manifest import BuildInfo, Manifest, SourceInfo
+from tests.support.manifests import write_manifest
 from tests.support.serving import decision, serving
 
 HEADERS = {"content-type": "application/json"}
@@ -163,7 +161,10 @@ def test_body_over_limit_is_413_declared_or_streamed(tiny_model_dir: Path) -> No
     settings = Settings(model_dir=tiny_model_dir, max_body_bytes=2048, threads=2)
     with serving(settings) as client:
         big = {"decision": decision(state="x" * 4000)}
-        assert post(client, big).status_code == 413
+        declared = post(client, big)
+        assert declared.status_code == 413
+        # The body was not read: the connection cannot carry another request.
+        assert declared.headers["connection"] == "close"
 
         def chunks(payload: bytes) -> Iterator[bytes]:
             yield payload  # no content-length: the limit must hold while streaming
@@ -358,15 +359,7 @@ CALIBRATION = Calibration(
 
 
 def test_manifest_calibration_is_applied_and_reported(tiny_model_dir: Path) -> None:
-    gguf = next(tiny_model_dir.glob("*.gguf"))
-    info = inspect_gguf(gguf, file=gguf.name, size=gguf.stat().st_size, sha256=sha256_of(gguf))
-    manifest = Manifest(
-        source=SourceInfo(uri="s3://bucket/tiny.gguf", revision=None, file=gguf.name),
-        gguf=info,
-        build=BuildInfo(built_at="2026-11-29T00:00:00Z", builder_version="test"),
-        calibration=CALIBRATION,
-    )
-    (tiny_model_dir / "model-manifest.json").write_text(manifest.to_json())
+    write_manifest(tiny_model_dir, CALIBRATION)
     with serving(Settings(model_dir=tiny_model_dir, threads=2)) as client:
         body = post(client, {"decision": decision()}).json()
     result = body["result"]

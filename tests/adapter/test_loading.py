@@ -18,32 +18,17 @@ from starlette.testclient import TestClient
 from adapter import settings as settings_module
 from adapter.app import create_app
 from adapter.engine import ModelLoadError
-from adapter.labels import letter_mass_floor
+from adapter.labels import letter_mass_floor, probe_decision
 from adapter.model_files import ModelFilesError, resolve_model_files
 from adapter.runtime import load_service
 from adapter.settings import Settings, SettingsError, load_settings
-from model_build.calibration import Calibration
-from model_build.embedded import sha256_of
-from model_build.gguf_info import inspect_gguf
-from model_build.manifest import BuildInfo, Manifest, SourceInfo
 from tests.model_build.support import CALIBRATION
 from tests.support.broken_models import crush_letter_mass, perturb_output, poison_with_nan
+from tests.support.manifests import write_manifest
 from tests.support.models import open_test_model
 from tests.support.serving import decision, serving
 
 HEADERS = {"content-type": "application/json"}
-
-
-def write_manifest(model_dir: Path, calibration: Calibration | None = None) -> None:
-    gguf = next(model_dir.glob("*.gguf"))
-    info = inspect_gguf(gguf, file=gguf.name, size=gguf.stat().st_size, sha256=sha256_of(gguf))
-    manifest = Manifest(
-        source=SourceInfo(uri="s3://bucket/tiny.gguf", revision=None, file=gguf.name),
-        gguf=info,
-        build=BuildInfo(built_at="2026-11-29T00:00:00Z", builder_version="test"),
-        calibration=calibration,
-    )
-    (model_dir / "model-manifest.json").write_text(manifest.to_json())
 
 
 @pytest.fixture
@@ -137,7 +122,8 @@ def test_a_broken_model_is_refused_by_the_probe_decision(
 def test_the_healthy_tiny_model_passes_the_probe_with_margin(tiny_gguf: Path) -> None:
     model = open_test_model(tiny_gguf)
     try:
-        assert model.letter_mass > 10 * letter_mass_floor(model.engine.n_vocab)
+        mass = probe_decision(model.engine, model.template, model.labels)
+        assert mass > 10 * letter_mass_floor(model.engine.n_vocab)
         assert model.engine.score([model.engine.tokenize("x")])[1].reused_tokens == 0
     finally:
         model.engine.close()

@@ -14,6 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from adapter.calibration import Correction
+from adapter.decisions import decide
 from adapter.ordering import (
     MAX_ROTATIONS,
     arrange,
@@ -145,7 +146,7 @@ def test_permutations_give_identical_probabilities_by_id(
         answers = []
         for shuffled in permutations(count, 4):
             decision = Decision("d", STATE, "Which team should take it?", shuffled)
-            [result] = service.decide([decision], "single", Policy(option_order=mode))["results"]
+            [result] = decide(service, [decision], "single", Policy(option_order=mode))["results"]
             assert result["option_ids"] == [o.id for o in shuffled]  # the caller's order
             assert result["option_order"] == mode
             answers.append(by_id(result))
@@ -200,7 +201,7 @@ def test_debiased_rotations_share_one_state_prefill(service: DecisionService) ->
             Decision("team", state, "Which team should take it?", options(4)),
             Decision("next", state, "What should happen next?", options(3)),
         ]
-        return service.decide(decisions, "shared", Policy(option_order=mode))
+        return decide(service, decisions, "shared", Policy(option_order=mode))
 
     # Long states, each new to the cache (only the system turn is resident from before).
     canonical = ask(" ".join(["Case A."] + [STATE] * 10), "canonical")

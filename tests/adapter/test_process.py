@@ -16,9 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
 
-from adapter.serve import bind
+from adapter.serve import HeadDeadlineProtocol, bind
 from adapter.settings import Settings
+from tests.support.live_server import live_server
 from tests.support.serving import REPO, decision
 
 SERVE = str(Path(sys.executable).with_name("serve"))
@@ -152,6 +157,45 @@ def test_connections_on_the_served_socket_send_without_nagle_delay() -> None:
             return nodelay
 
     assert asyncio.run(accept_one()) != 0
+
+
+def test_a_request_head_must_arrive_in_time_from_its_first_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection trickling header lines is closed once its head is late (slowloris); an
+    idle connection waits for its first byte like a kept-alive one, then is served."""
+    monkeypatch.setattr(HeadDeadlineProtocol, "head_timeout_seconds", 0.5)
+
+    async def ping(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/ping", ping)])
+    with live_server(app) as url:
+        address = url.removeprefix("http://").split(":")
+        host, port = address[0], int(address[1])
+        with (
+            socket.create_connection((host, port)) as idle,
+            socket.create_connection((host, port)) as trickle,
+        ):
+            trickle.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
+            started = time.monotonic()
+            closed = False
+            for index in range(30):  # one header line every 0.1 s: the head never ends
+                time.sleep(0.1)
+                try:
+                    trickle.sendall(b"X-Line-%d: y\r\n" % index)
+                except OSError:
+                    closed = True
+                    break
+            if not closed:
+                trickle.settimeout(5)
+                closed = trickle.recv(1) == b""
+            assert closed
+            assert time.monotonic() - started < 2.5
+            # The idle one waited longer than a head may take, then sends a whole request.
+            idle.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+            idle.settimeout(5)
+            assert idle.recv(1024).startswith(b"HTTP/1.1 200")
 
 
 @pytest.mark.slow

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from adapter.decisions import decide
 from adapter.engine import GenerationRun
 from adapter.errors import UnavailableError
-from adapter.schema import parse_decision_request
+from adapter.schema import parse_decision_body
 from adapter.settings import Settings
 from tests.support.live_server import runtime_of
 from tests.support.serving import decision, serving
@@ -123,5 +124,5 @@ def test_a_call_queued_behind_close_is_a_retryable_503_not_a_use_after_free(
         assert service is not None
         assert service.close(1.0) is True
         with pytest.raises(UnavailableError, match="shutting down") as refused:
-            service.decide(parse_decision_request({"decision": decision()}, 4)[1], "single")
+            decide(service, parse_decision_body({"decision": decision()}, 4).decisions, "single")
         assert refused.value.retryable

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from adapter.labels import letter_mass_floor
-from adapter.schema import parse_decision_request
+from adapter.decisions import decide
+from adapter.labels import letter_mass_floor, probe_decision
+from adapter.schema import parse_decision_body
 from adapter.service import DecisionService
 from tests.support import injection
 from tests.support.models import open_test_model, service_of
@@ -41,22 +42,22 @@ def test_letters_are_single_tokens_of_the_real_tokenizer(service: DecisionServic
 
 
 def test_model_answers_with_a_letter(service: DecisionService) -> None:
-    _, decisions = parse_decision_request(example("decision.json"), 64)
-    result = service.decide(decisions, "single")["results"][0]
+    decisions = parse_decision_body(example("decision.json"), 64).decisions
+    result = decide(service, decisions, "single")["results"][0]
     assert result["allowed_token_mass"] > 0.5
     assert result["top_token"] in {"A", "B", "C"}
 
 
 def test_shared_batch_agrees_with_single_scoring(service: DecisionService) -> None:
-    _, decisions = parse_decision_request(example("shared-decisions.json"), 64)
-    shared = service.decide(decisions, "shared")
+    decisions = parse_decision_body(example("shared-decisions.json"), 64).decisions
+    shared = decide(service, decisions, "shared")
     timing = shared["timing"]
     assert timing["passes"] == 1
     # The shared system prompt and state are decoded once for every prompt.
     assert timing["input_tokens"] - timing["reused_tokens"] - timing["evaluated_tokens"] > 40
     for decision, batched in zip(decisions, shared["results"], strict=True):
         service.engine.reset()
-        alone = service.decide([decision], "single")["results"][0]
+        alone = decide(service, [decision], "single")["results"][0]
         assert batched["prompt_sha256"] == alone["prompt_sha256"]
         # Bit-identical: the exact layout (adapter/kv_layout.py) removes what batching
         # used to change (up to 0.06 here before it).
@@ -64,20 +65,20 @@ def test_shared_batch_agrees_with_single_scoring(service: DecisionService) -> No
 
 
 def test_shared_batch_is_deterministic(service: DecisionService) -> None:
-    _, decisions = parse_decision_request(example("shared-decisions.json"), 64)
+    decisions = parse_decision_body(example("shared-decisions.json"), 64).decisions
     service.engine.reset()
-    first = service.decide(decisions, "shared")["results"]
+    first = decide(service, decisions, "shared")["results"]
     service.engine.reset()
-    second = service.decide(decisions, "shared")["results"]
+    second = decide(service, decisions, "shared")["results"]
     for one, two in zip(first, second, strict=True):
         assert one["probabilities"] == two["probabilities"]
 
 
 def test_new_question_about_same_state_reuses_the_state(service: DecisionService) -> None:
-    _, decisions = parse_decision_request(example("shared-decisions.json"), 64)
+    decisions = parse_decision_body(example("shared-decisions.json"), 64).decisions
     service.engine.reset()
-    service.decide(decisions[:1], "single")
-    follow_up = service.decide(decisions[1:2], "single")
+    decide(service, decisions[:1], "single")
+    follow_up = decide(service, decisions[1:2], "single")
     timing = follow_up["timing"]
     assert timing["reused_tokens"] > 60  # system prompt + the state
     assert timing["evaluated_tokens"] < follow_up["results"][0]["input_tokens"] / 2
@@ -95,7 +96,8 @@ def test_forged_markers_in_every_field_stay_plain_text(service: DecisionService)
 def test_the_probe_decision_finds_most_mass_on_the_letters(smollm2_gguf: Path) -> None:
     model = open_test_model(smollm2_gguf, stream_cells=1024, max_branches=1)
     try:
-        assert model.letter_mass > 0.1  # measured 0.46; the floor is 3.3e-6
-        assert model.letter_mass > 1000 * letter_mass_floor(model.engine.n_vocab)
+        mass = probe_decision(model.engine, model.template, model.labels)
+        assert mass > 0.1  # measured 0.46; the floor is 3.3e-6
+        assert mass > 1000 * letter_mass_floor(model.engine.n_vocab)
     finally:
         model.engine.close()

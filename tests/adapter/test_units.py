@@ -19,7 +19,7 @@ from adapter.model_files import (
     resolve_model_files,
 )
 from adapter.readout import NonFiniteLogitsError, read_slots, softmax
-from adapter.schema import parse_decision_request
+from adapter.schema import parse_decision_body
 from adapter.settings import SettingsError, load_settings
 from model_build.calibration import Calibration
 from model_build.manifest import BuildInfo, GgufInfo, Manifest, SourceInfo
@@ -208,20 +208,20 @@ def test_read_slots_refuses_nan() -> None:
 
 def _error(body: object, max_shared: int = 64) -> str:
     with pytest.raises(RequestError) as raised:
-        parse_decision_request(body, max_shared)
+        parse_decision_body(body, max_shared)
     return str(raised.value)
 
 
 def test_schema_accepts_single_and_shared() -> None:
-    assert parse_decision_request({"decision": decision()}, 64)[0] == "single"
-    mode, parsed = parse_decision_request(
+    assert parse_decision_body({"decision": decision()}, 64).mode == "single"
+    shared = parse_decision_body(
         {"decisions": [decision("a"), decision("b", question="Urgent?")]}, 64
     )
-    assert (mode, [d.id for d in parsed]) == ("shared", ["a", "b"])
+    assert (shared.mode, [d.id for d in shared.decisions]) == ("shared", ["a", "b"])
 
 
 def test_schema_state_may_be_json() -> None:
-    _, parsed = parse_decision_request({"decision": decision(state={"k": [1, "é"]})}, 64)
+    parsed = parse_decision_body({"decision": decision(state={"k": [1, "é"]})}, 64).decisions
     assert parsed[0].state_text == '{"k": [1, "é"]}'
 
 

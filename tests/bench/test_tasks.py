@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from adapter.schema import parse_decision_request
+from adapter.schema import parse_decision_body
 from bench.tasks import TaskFormatError, load_tasks, parse_task, parse_tasks
 
 
@@ -34,9 +34,9 @@ def test_smoke_set_covers_every_family_and_question_type() -> None:
         assert sum(t.family == family for t in tasks) >= 8
     for one in tasks:
         # Every body passes the server's own validation, and the expected label is an option.
-        mode, decisions = parse_decision_request(one.body(), max_shared=1)
-        assert mode == "single"
-        assert one.expected in decisions[0].option_ids
+        request = parse_decision_body(one.body(), max_shared=1)
+        assert request.mode == "single"
+        assert one.expected in request.decisions[0].option_ids
 
 
 def test_noul_maps_to_yes_no_with_criteria_descriptions() -> None:

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapter.runtime import Runtime
 from adapter.scheduler import Scheduler
+from adapter.serve import HeadDeadlineProtocol
 
 
 @contextmanager
@@ -22,7 +23,13 @@ def live_server(app: ASGIApp, timeout_s: float = 60.0) -> Iterator[str]:
     """Serve `app` on 127.0.0.1 (a free port) until the block ends; yields its base URL
     once /ping answers 200."""
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, lifespan="on", log_config=None, access_log=False
+        app,
+        host="127.0.0.1",
+        port=0,
+        http=HeadDeadlineProtocol,  # as `serve` runs it
+        lifespan="on",
+        log_config=None,
+        access_log=False,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -86,3 +93,12 @@ def runtime_of(app: Any) -> Runtime:
     runtime = app.state.runtime
     assert isinstance(runtime, Runtime)
     return runtime
+
+
+def post_in_background(url: str, body: dict[str, Any]) -> threading.Thread:
+    """POST `body` to `url`/invocations from a started thread (join it when done)."""
+    thread = threading.Thread(
+        target=httpx.post, args=(f"{url}/invocations",), kwargs={"json": body, "timeout": 30}
+    )
+    thread.start()
+    return thread

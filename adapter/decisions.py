@@ -1,0 +1,65 @@
+"""The decision API's answers: decisions scored in the policy's option order, shaped as results.
+
+Each API shapes its own wire format beside its parser (this module with adapter/schema.py,
+adapter/systemone.py, adapter/chat.py); the service (adapter/service.py) only renders,
+limits and scores. Every decision is read as a "choice" question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from adapter.calibration import describe
+from adapter.cancel import Cancellation
+from adapter.ordering import Variants
+from adapter.prompts import PROMPT_VERSION, prompt_sha256
+from adapter.readout import READOUT
+from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy, decision_paths
+from adapter.service import DecisionService
+
+
+def decide(
+    service: DecisionService,
+    decisions: Sequence[Decision],
+    mode: Mode,
+    policy: Policy = DEFAULT_POLICY,
+    cancel: Cancellation | None = None,
+) -> dict[str, Any]:
+    """Score every decision in the policy's option order (adapter.ordering), all in one
+    batch: a shared prefix, and every debiased rotation, is evaluated once."""
+    order = policy.option_order or service.option_order
+    variants = [Variants.of(d, "choice", order, service.calibration) for d in decisions]
+    readings, batch = service.read_variants(variants, decision_paths(mode, len(decisions)), cancel)
+    results = []
+    offset = 0
+    for variant, reading in zip(variants, readings, strict=True):
+        # Per result: tokens its prompts took from resident prefixes, and the rest (rows
+        # shared with other prompts count for each; the request's timing counts them once).
+        reused = sum(batch.reused_tokens[offset : offset + reading.prompts])
+        offset += reading.prompts
+        reason = policy.abstain_reason(reading.probabilities, reading.allowed_token_mass)
+        results.append(
+            {
+                "id": variant.decision.id,
+                "option_ids": variant.decision.option_ids,
+                "probabilities": reading.probabilities,
+                "option_logits": reading.option_logits,
+                "allowed_token_mass": reading.allowed_token_mass,
+                "top_token": service.piece(reading.top_token_id),
+                "abstained": reason is not None,
+                "abstain_reason": reason,
+                "option_order": order,
+                "calibration": describe(service.calibration, variant.correction),
+                "input_tokens": reading.input_tokens,
+                "prompt_sha256": prompt_sha256(reading.prompt),
+                "prompt_version": PROMPT_VERSION,
+                "readout": READOUT,
+                "timing": {
+                    "prompts": reading.prompts,
+                    "evaluated_tokens": reading.input_tokens - reused,
+                    "reused_tokens": reused,
+                },
+            }
+        )
+    return {"results": results, "timing": batch.timing_json()}

@@ -1,0 +1,265 @@
+"""The scheduler's invariants, checked on randomized arrivals, cancellations, deadlines and
+chat interleavings against an engine that only records what it is asked to do.
+
+Time is a fake clock that moves only while the engine works (a pass, a chat token), so
+which request expires where is decided by the schedule, not by this machine's speed. Each
+scenario queues its requests while the first pass is held, lets some clients leave, then
+runs to the end. The invariants, one test each:
+
+1. Nothing is lost: every request ends, with its answer or with its own error.
+2. An answer is complete and in order: one score per prompt, each that prompt's.
+3. Each prompt is decoded once, in order; a pass holds no more requests, sequences or rows
+   than its limits (a prompt alone may exceed the rows: it must run somewhere).
+4. Arrival order: requests start in the order they arrived.
+5. A request is never decoded after its client left, its queue timeout or its deadline,
+   and ends in the error that names which (499; 503 queue_timeout; 503 deadline).
+6. Without prefix reuse, a pass that continues a request holds no other request.
+7. A generation never holds the worker: between two passes, at most one chat token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import adapter.scheduler as scheduler_module
+from adapter.cancel import Cancellation
+from adapter.engine import Sampling
+from adapter.errors import ClientDisconnectedError, UnavailableError
+from adapter.kv_layout import MIN_ROWS, common_prefix_length
+from adapter.scheduler import Scheduler
+from adapter.settings import QueueLimits
+from tests.support.fake_engine import FakeClock, FakeEngine, Pass, identity
+
+SEEDS = range(40)
+PASS_ROWS = 256
+MAX_BRANCHES = 8
+MARK = 10_000  # a request's prompts start with MARK + its index: passes name their requests
+
+
+def requests_of(one: Pass) -> list[int]:
+    """The requests that rode in a pass, in pass order."""
+    return list(dict.fromkeys(prompt[0] - MARK for prompt in one.prompts))
+
+
+@dataclass
+class Request:
+    index: int
+    prompts: list[list[int]]
+    continuations: list[tuple[int, ...]]
+    deadline: float
+    submitted: float
+    future: Future[Any]
+    left_at: float | None = None  # fake time its client left
+
+
+@dataclass
+class Scenario:
+    seed: int
+    engine: FakeEngine
+    requests: list[Request]
+    chats: list[Future[Any]]
+    queue_timeout: float
+    max_batch_requests: int
+
+    def outcome(self, request: Request) -> BaseException | None:
+        return request.future.exception(timeout=0)
+
+
+def random_request(rng: random.Random, index: int) -> tuple[list[list[int]], list[tuple[int, ...]]]:
+    """1-6 prompts, often about one shared state, some with label continuations; now and
+    then one prompt longer than a pass."""
+    if rng.random() < 0.15:
+        return [[MARK + index, *(rng.randrange(3, 500) for _ in range(PASS_ROWS + 40))]], [()]
+    state = [MARK + index, *(rng.randrange(3, 500) for _ in range(rng.choice([0, 20, 80, 200])))]
+    prompts = [
+        [*state, *(rng.randrange(3, 500) for _ in range(rng.randint(1, 60)))]
+        for _ in range(rng.randint(1, 6))
+    ]
+    continuations = [
+        tuple(sorted(rng.sample(range(3, 30), rng.choice([0, 0, 1, 3])))) for _ in prompts
+    ]
+    return prompts, continuations
+
+
+def run_scenario(seed: int, prefix_reuse: bool, monkeypatch: pytest.MonkeyPatch) -> Scenario:
+    rng = random.Random(seed)
+    clock = FakeClock()
+    monkeypatch.setattr(scheduler_module, "time", clock)
+    engine = FakeEngine(PASS_ROWS, MAX_BRANCHES, prefix_reuse, clock)
+    queue_timeout = rng.choice([2.5, 6.0, 1000.0])
+    batch = rng.choice([1, 3, 8])
+    scheduler = Scheduler(
+        engine,  # type: ignore[arg-type]
+        limits=QueueLimits(
+            max_queue=1000,
+            queue_timeout_seconds=queue_timeout,
+            max_batch_requests=batch,
+        ),
+        on_native_failure=lambda error: pytest.fail(f"native failure: {error}"),
+    )
+    requests: list[Request] = []
+    chats: list[Future[Any]] = []
+    try:
+        for index in range(rng.randint(4, 24)):
+            if index and rng.random() < 0.15:
+                chat = scheduler.submit_generation(
+                    [1, 2, 3],
+                    max_new_tokens=rng.randint(1, 12),
+                    sampling=Sampling(),
+                    stop=[],
+                    deadline=clock.monotonic() + 1000,
+                    cancel=Cancellation(),
+                )
+                chats.append(chat.future)
+            prompts, continuations = random_request(rng, index)
+            deadline = clock.monotonic() + rng.choice([1.5, 4.0, 1000.0])
+            cancel = Cancellation()
+            job = scheduler.submit(prompts, continuations, deadline, cancel)
+            request = Request(index, prompts, continuations, deadline, clock.now, job.future)
+            if index and rng.random() < 0.2:
+                cancel.set("client_gone")
+                request.left_at = clock.monotonic()
+            requests.append(request)
+        engine.release.set()
+        for future in [*(r.future for r in requests), *chats]:
+            with contextlib.suppress(Exception):  # the tests read each outcome
+                future.result(timeout=30)
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)
+    return Scenario(seed, engine, requests, chats, queue_timeout, batch)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["reuse", "no-reuse"])
+def scenarios(request: pytest.FixtureRequest) -> Iterator[list[Scenario]]:
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        yield [run_scenario(seed, request.param, monkeypatch) for seed in SEEDS]
+    finally:
+        monkeypatch.undo()
+
+
+def test_1_nothing_is_lost(scenarios: list[Scenario]) -> None:
+    for scenario in scenarios:
+        for future in [*(r.future for r in scenario.requests), *scenario.chats]:
+            assert future.done(), scenario.seed
+        for chat in scenario.chats:
+            assert chat.exception(timeout=0) is None, scenario.seed
+
+
+def test_2_an_answer_is_complete_and_in_order(scenarios: list[Scenario]) -> None:
+    answered = 0
+    for scenario in scenarios:
+        for request in scenario.requests:
+            if scenario.outcome(request) is not None:
+                continue
+            answered += 1
+            scores, timing = request.future.result(timeout=0)
+            assert [float(score.logits[0]) for score in scores] == [
+                identity(prompt) for prompt in request.prompts
+            ], scenario.seed
+            assert timing.passes >= 1
+    assert answered > 100  # the scenarios answer most requests
+
+
+def test_3_each_prompt_once_in_order_and_passes_within_their_limits(
+    scenarios: list[Scenario],
+) -> None:
+    """Rows as the scheduler prices them (docs/adapter.md): what a prompt shares with the
+    request's prompt before it is decoded once (resident from an earlier pass, or the stem
+    of this one)."""
+    for scenario in scenarios:
+        decoded: dict[int, list[tuple[int, ...]]] = {}
+        for one in scenario.engine.passes:
+            assert len(requests_of(one)) <= scenario.max_batch_requests, scenario.seed
+            assert sum(1 + len(c) for c in one.continuations) <= MAX_BRANCHES, scenario.seed
+            rows = 0
+            for prompt, continuations in zip(one.prompts, one.continuations, strict=True):
+                mine = decoded.setdefault(prompt[0] - MARK, [])
+                shared = common_prefix_length(prompt, mine[-1]) if mine else 0
+                rows += len(prompt) - shared + MIN_ROWS + (MIN_ROWS + 1) * len(continuations)
+                mine.append(prompt)
+            assert rows <= PASS_ROWS or len(one.prompts) == 1, scenario.seed
+        for request in scenario.requests:
+            prompts = [tuple(prompt) for prompt in request.prompts]
+            got = decoded.get(request.index, [])
+            if scenario.outcome(request) is None:
+                assert got == prompts, scenario.seed  # every prompt, once, in order
+            else:
+                assert got == prompts[: len(got)], scenario.seed  # a prefix of them
+
+
+def test_4_requests_start_in_arrival_order(scenarios: list[Scenario]) -> None:
+    for scenario in scenarios:
+        order = list(dict.fromkeys(i for p in scenario.engine.passes for i in requests_of(p)))
+        assert order == sorted(order), scenario.seed
+
+
+def test_5_stopped_requests_are_never_decoded_after_and_end_as_themselves(
+    scenarios: list[Scenario],
+) -> None:
+    seen: set[str] = set()
+    for scenario in scenarios:
+        for request in scenario.requests:
+            passes = [p for p in scenario.engine.passes if request.index in requests_of(p)]
+            error = scenario.outcome(request)
+            if request.left_at is not None:
+                assert all(p.started <= request.left_at for p in passes), scenario.seed
+                if error is None:  # answered before it left: it rode in the held pass
+                    continue
+            for one in passes:
+                assert one.started <= request.deadline, scenario.seed
+            start = passes[0].started if passes else None
+            if start is not None:
+                assert start - request.submitted <= scenario.queue_timeout, scenario.seed
+            if error is None:
+                continue
+            if isinstance(error, ClientDisconnectedError):
+                assert request.left_at is not None, scenario.seed
+                seen.add("client_gone")
+                continue
+            assert isinstance(error, UnavailableError), (scenario.seed, error)
+            assert error.retryable
+            seen.add(str(error.cause))
+            if error.cause == "queue_timeout":
+                assert not passes, scenario.seed
+            else:
+                assert error.cause == "deadline", (scenario.seed, error)
+    assert seen == {"client_gone", "queue_timeout", "deadline"}  # the scenarios reach each
+
+
+def test_6_without_reuse_a_continuing_pass_is_one_request_alone(
+    scenarios: list[Scenario],
+) -> None:
+    """A newcomer would empty the cache the continuing request's rest reads from."""
+    if scenarios[0].engine.prefix_reuse:
+        pytest.skip("with prefix reuse a newcomer may join a continuing request")
+    continued = 0
+    for scenario in scenarios:
+        started: set[int] = set()
+        for one in scenario.engine.passes:
+            if started.intersection(requests_of(one)):
+                continued += 1
+                assert len(requests_of(one)) == 1, scenario.seed
+                assert one.continuing, scenario.seed  # the engine keeps the cache for it
+            started.update(requests_of(one))
+    assert continued > 10  # the scenarios have requests larger than a pass
+
+
+def test_7_chat_tokens_interleave_with_passes(scenarios: list[Scenario]) -> None:
+    interleaved = False
+    for scenario in scenarios:
+        passes = scenario.engine.passes
+        for before, after in itertools.pairwise(passes):
+            tokens = after.chat_tokens_before - before.chat_tokens_before
+            assert tokens <= 1, scenario.seed
+            interleaved |= tokens == 1
+    assert interleaved  # some scenario ran a chat while passes were queued
