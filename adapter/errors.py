@@ -97,7 +97,14 @@ class UnauthorizedError(ApiError):
 
 # Why a 503 was answered, for the request's log line: a small fixed set of words.
 UnavailableCause = Literal[
-    "loading", "unhealthy", "stopping", "queue_full", "queue_timeout", "deadline", "capacity"
+    "loading",
+    "unhealthy",
+    "stopping",
+    "queue_full",
+    "overloaded",
+    "queue_timeout",
+    "deadline",
+    "capacity",
 ]
 
 

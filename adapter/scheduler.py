@@ -1,14 +1,20 @@
 """Continuous batching: one worker owns the engine and scores every waiting request that fits.
 
-Requests wait in arrival order in a bounded queue. Whenever the worker is free it takes
-prompts from the queue's head onward while they fit one pass (sequence ids, a token budget,
-SEMIF_MAX_BATCH_REQUESTS requests) and scores them in one engine call, so prompts from
-different callers share their common prefix (the template; the whole state when two ask
-about the same one). A request larger than one pass is scored over several, and is dropped
-between passes when it is cancelled (adapter.cancel: its client has gone, or its caller
-stopped waiting) or its deadline has passed. A request still waiting after
-SEMIF_QUEUE_TIMEOUT_S, or one that finds the queue full, gets a retryable 503 with a
-Retry-After estimated from recent passes.
+Requests wait in a bounded queue. Whenever the worker is free it drops every request that
+was cancelled (adapter.cancel: its client has gone, or its caller stopped waiting) or whose
+queue timeout or deadline passed, then takes prompts from the queue's head onward while they
+fit one pass (sequence ids, a token budget, SEMIF_MAX_BATCH_REQUESTS requests) and scores
+them in one engine call, so prompts from different callers share their common prefix (the
+template; the whole state when two ask about the same one). Requests start in arrival
+order. A request larger than one pass is scored over several; with prefix reuse it goes
+behind the requests that waited meanwhile after each of its passes (round robin: its state
+stays resident, and it never holds every later pass); without reuse its later passes are
+its own, since a newcomer would empty the cache it reads from.
+
+Overload is refused at arrival: once a pass has measured the speed, a request that finds
+more work queued ahead than it may wait (SEMIF_QUEUE_TIMEOUT_S) gets a retryable 503 at
+once, with Retry-After the excess, instead of a 503 after the wait. A full queue
+(SEMIF_MAX_QUEUE) and a request still waiting after SEMIF_QUEUE_TIMEOUT_S get theirs too.
 
 Chat runs one generation at a time in the same worker, one token per step, between scoring
 passes: scoring never waits for a whole generation.
@@ -76,7 +82,12 @@ class _Job:
     evaluated: int = 0
     pads: int = 0
 
-    def cost(self, index: int) -> tuple[int, int]:
+    costs: list[tuple[int, int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.costs = [self._cost(index) for index in range(len(self.prompts))]
+
+    def _cost(self, index: int) -> tuple[int, int]:
         """(KV rows, sequences) prompt `index` may add to a pass: a request's prompts about
         one state are neighbours, and what a prompt shares with the one before it is
         decoded once (adapter.kv_layout: MIN_ROWS of it again where they diverge, and each
@@ -88,6 +99,11 @@ class _Job:
             len(prompt) - shared + MIN_ROWS + (MIN_ROWS + 1) * continuations,
             1 + continuations,
         )
+
+    @property
+    def rows_left(self) -> int:
+        """Rows its prompts not yet scored will decode (the queue's work ahead of others)."""
+        return sum(rows for rows, _ in self.costs[self.done :])
 
 
 @dataclass
@@ -124,6 +140,8 @@ class Scheduler:
         self._condition = threading.Condition()
         self._stopping = False
         self._pass_seconds = 0.5  # running estimate, for Retry-After
+        # Seconds a priced row takes, measured over recent passes; None until one ran.
+        self._row_seconds: float | None = None
         self._thread = threading.Thread(target=self._run, name="semif-scheduler", daemon=True)
         self._thread.start()
 
@@ -144,6 +162,7 @@ class Scheduler:
         job = _Job(prompts, continuations, deadline, time.monotonic(), cancel)
         with self._condition:
             self._admit(len(self._queue) + len(self._chats))
+            self._refuse_if_overloaded()
             self._queue.append(job)
             self._condition.notify()
         return job
@@ -174,6 +193,24 @@ class Scheduler:
                 retryable=True,
                 retry_after=self._retry_after(waiting),
                 cause="queue_full",
+            )
+
+    def _refuse_if_overloaded(self) -> None:
+        """Refuse at once, not after the wait: when the work queued ahead, at the speed of
+        recent passes, already takes longer than SEMIF_QUEUE_TIMEOUT_S, a request admitted
+        now would only wait to be refused. The caller retries after the excess (its
+        client's retries do the waiting, without holding a place in the queue)."""
+        if self._row_seconds is None:
+            return
+        ahead = sum(job.rows_left for job in self._queue)
+        wait = ahead * self._row_seconds
+        if wait > self.queue_timeout_seconds:
+            raise UnavailableError(
+                f"busy: about {wait:.0f} s of work is queued ahead, more than a request may "
+                f"wait (SEMIF_QUEUE_TIMEOUT_S={self.queue_timeout_seconds:g})",
+                retryable=True,
+                retry_after=max(1, min(30, math.ceil(wait - self.queue_timeout_seconds))),
+                cause="overloaded",
             )
 
     def _retry_after(self, waiting: int) -> int:
@@ -210,20 +247,19 @@ class Scheduler:
                 generation = self._step_chat(*generation)
 
     def _take_pass(self) -> list[tuple[_Job, int, int]]:
-        """(job, first prompt, end) slices that fit one pass, in arrival order; drops
-        cancelled and expired requests on the way."""
+        """(job, first prompt, end) slices that fit one pass, in queue order, after dropping
+        every cancelled and expired request."""
         now = time.monotonic()
+        for job in [job for job in self._queue if self._expired(job, now)]:
+            self._queue.remove(job)  # every pass: not only those the pass would reach
         taken: list[tuple[_Job, int, int]] = []
         rows = sequences = 0
-        for job in list(self._queue):
-            if self._expired(job, now):
-                self._queue.remove(job)
-                continue
+        for job in self._queue:
             if len(taken) >= self.max_batch_requests:
                 break
             end = job.done
             while end < len(job.prompts):
-                cost_rows, cost_sequences = job.cost(end)
+                cost_rows, cost_sequences = job.costs[end]
                 fits = (
                     rows + cost_rows <= self.pass_rows
                     and sequences + cost_sequences <= self.engine.max_branches
@@ -287,6 +323,11 @@ class Scheduler:
             return
         seconds = time.monotonic() - started
         self._pass_seconds = 0.8 * self._pass_seconds + 0.2 * seconds
+        priced = sum(rows for job, start, end in batch for rows, _ in job.costs[start:end])
+        per_row = seconds / max(priced, 1)
+        self._row_seconds = (
+            per_row if self._row_seconds is None else 0.8 * self._row_seconds + 0.2 * per_row
+        )
         offset = 0
         finished = []
         for job, start, end in batch:
@@ -306,6 +347,14 @@ class Scheduler:
         with self._condition:
             for job in finished:
                 self._queue.remove(job)
+            if self.engine.prefix_reuse:
+                # Round robin: a request larger than one pass goes behind those that waited
+                # meanwhile, so it never holds every later pass (its state stays resident).
+                # Without reuse its later passes are its own (the cache is kept for them).
+                for job, _, _ in batch:
+                    if job not in finished:
+                        self._queue.remove(job)
+                        self._queue.append(job)
         for job in finished:
             job.future.set_result((job.scores, self._timing(job)))
 

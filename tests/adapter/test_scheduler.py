@@ -263,3 +263,96 @@ def test_7_chat_tokens_interleave_with_passes(scenarios: list[Scenario]) -> None
             assert tokens <= 1, scenario.seed
             interleaved |= tokens == 1
     assert interleaved  # some scenario ran a chat while passes were queued
+
+
+# -- overload and head-of-line, on fixed schedules ---------------------------------------------
+
+
+def _fixed(
+    monkeypatch: pytest.MonkeyPatch, *, prefix_reuse: bool, queue_timeout: float = 1000.0
+) -> tuple[Scheduler, FakeEngine]:
+    clock = FakeClock()
+    monkeypatch.setattr(scheduler_module, "time", clock)
+    engine = FakeEngine(PASS_ROWS, MAX_BRANCHES, prefix_reuse, clock)
+    scheduler = Scheduler(
+        engine,  # type: ignore[arg-type]
+        limits=QueueLimits(max_queue=100, queue_timeout_seconds=queue_timeout),
+        on_native_failure=lambda error: pytest.fail(f"native failure: {error}"),
+    )
+    return scheduler, engine
+
+
+def _prompt(index: int, rows: int) -> list[int]:
+    """A prompt the scheduler prices at `rows` rows (its tokens plus MIN_ROWS)."""
+    return [MARK + index, *range(1, rows - MIN_ROWS)]
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "no-reuse"])
+def test_8_a_long_request_never_holds_a_queued_one_past_its_deadline(
+    monkeypatch: pytest.MonkeyPatch, prefix_reuse: bool
+) -> None:
+    """Six full passes ahead, a small request behind: with reuse it rides in the very
+    next pass (the long one goes behind it); without, the long one keeps its passes, but the
+    small one's deadline is still checked on every pass, not after the long one ends."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=prefix_reuse)
+    clock = engine.clock
+    ended: list[str] = []
+    try:
+        long = scheduler.submit(
+            [[MARK, index, *range(1, 250)] for index in range(6)],
+            [() for _ in range(6)],
+            clock.monotonic() + 1000,
+            Cancellation(),
+        )
+        assert engine.entered.wait(10)
+        small = scheduler.submit([_prompt(1, 12)], [()], clock.monotonic() + 2.5, Cancellation())
+        long.future.add_done_callback(lambda _: ended.append("long"))
+        small.future.add_done_callback(lambda _: ended.append("small"))
+        engine.release.set()
+        long.future.result(10)
+        outcome = small.future.exception(10)
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)
+    assert ended == ["small", "long"]
+    if prefix_reuse:
+        assert outcome is None
+        assert 1 in requests_of(engine.passes[1])  # the pass right after the long one's first
+    else:
+        assert isinstance(outcome, UnavailableError)
+        assert outcome.cause == "deadline"
+
+
+def test_9_overload_is_refused_at_arrival_not_after_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a pass has measured the speed (100 rows a second here), a request is refused
+    at once when the work queued ahead would outlast the queue timeout; Retry-After is the
+    excess. Below that, requests queue as before."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=True, queue_timeout=5.0)
+    clock = engine.clock
+    try:
+        first = scheduler.submit([_prompt(0, 100)], [()], clock.monotonic() + 1000, Cancellation())
+        engine.release.set()
+        first.future.result(10)
+        engine.release.clear()  # hold the next pass: what is submitted now waits
+        engine.entered.clear()
+        admitted = []
+        for index in range(1, 7):  # 0 to 5 s of work ahead: admitted
+            admitted.append(
+                scheduler.submit(
+                    [_prompt(index, 100)], [()], clock.monotonic() + 1000, Cancellation()
+                )
+            )
+        with pytest.raises(UnavailableError) as refused:  # 6 s ahead > 5 s
+            scheduler.submit([_prompt(7, 100)], [()], clock.monotonic() + 1000, Cancellation())
+        assert refused.value.cause == "overloaded"
+        assert refused.value.retryable
+        assert refused.value.retry_after == 1
+        assert "about 6 s of work is queued ahead" in str(refused.value)
+        engine.release.set()
+        for job in admitted:
+            job.future.result(10)
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)
