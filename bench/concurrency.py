@@ -113,6 +113,7 @@ class Sample:
     started: float  # time.perf_counter() at send
     seconds: float
     reply: Reply
+    client: int = 0  # which of the level's clients sent it
 
 
 Send = Callable[[httpx.Client, T], Reply]
@@ -134,7 +135,7 @@ def closed_loop(
     lock = threading.Lock()
     samples: list[Sample | None] = [None] * len(items)
 
-    def client() -> None:
+    def client(number: int) -> None:
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         with httpx.Client(
             base_url=base_url, timeout=timeout_s, limits=limits, transport=transport
@@ -149,10 +150,10 @@ def closed_loop(
                     reply = send(http, items[index])
                 except httpx.HTTPError as error:
                     reply = Reply(0, error=f"{type(error).__name__}: {error}")
-                samples[index] = Sample(started, time.perf_counter() - started, reply)
+                samples[index] = Sample(started, time.perf_counter() - started, reply, number)
 
     with ThreadPoolExecutor(max_workers=clients) as pool:
-        for running in [pool.submit(client) for _ in range(clients)]:
+        for running in [pool.submit(client, number) for number in range(clients)]:
             running.result()  # a bug in `send` surfaces here, not as a missing sample
     return [sample for sample in samples if sample is not None]
 
@@ -235,6 +236,10 @@ class Level:
     batch_requests_mean: float | None
     batch_requests_max: int | None
     ok_past_invocation_limit: int  # 200s that SageMaker would have turned into errors
+    # Overload: how long a refused request (503) waited for its answer, and how evenly the
+    # answers were shared (the fewest and most 200s any one client got).
+    refusal_seconds: dict[str, float] | None
+    ok_per_client: tuple[int, int]
     share_with_all_options_in_top_tokens: float | None
     same_prompt_tokens: bool | None
     samples: list[dict[str, Any]] = field(repr=False)
@@ -252,6 +257,9 @@ def summarize_level(clients: int, samples: Sequence[Sample]) -> Level:
     batch = [s.reply.batch_requests for s in ok if s.reply.batch_requests is not None]
     covers = [s.reply.covers_options for s in ok if s.reply.covers_options is not None]
     same = [s.reply.same_prompt for s in ok if s.reply.same_prompt is not None]
+    refused = [s.seconds for s in samples if s.reply.status == 503]
+    per_client = Counter({s.client: 0 for s in samples})
+    per_client.update(s.client for s in ok)
     return Level(
         clients=clients,
         requests=len(samples),
@@ -268,6 +276,8 @@ def summarize_level(clients: int, samples: Sequence[Sample]) -> Level:
         batch_requests_mean=statistics.fmean(batch) if batch else None,
         batch_requests_max=max(batch) if batch else None,
         ok_past_invocation_limit=sum(1 for s in ok if s.seconds > INVOCATION_LIMIT_S),
+        refusal_seconds=latency_summary(refused) if refused else None,
+        ok_per_client=(min(per_client.values()), max(per_client.values())),
         share_with_all_options_in_top_tokens=sum(covers) / len(covers) if covers else None,
         same_prompt_tokens=all(same) if same else None,
         samples=[
@@ -434,11 +444,13 @@ def measure_concurrency(
 
 
 def format_levels(run: ConcurrencyRun) -> str:
-    """One line per server, workload and level: throughput, latency, errors, queueing, and
-    answers that came after SageMaker's 60 s invocation limit (errors behind SageMaker)."""
+    """One line per server, workload and level: throughput, latency, errors, queueing,
+    answers that came after SageMaker's 60 s invocation limit (errors behind SageMaker), the
+    p95 wait for a 503 and the fewest and most answers one client got."""
     header = (
         f"{'server':<22}{'clients':>8}{'requests':>9}{'non-200':>8}{'dec/s':>8}"
         f"{'p50 s':>8}{'p95 s':>8}{'queue p50':>10}{'queue p95':>10}{'batch':>7}{'>60 s':>7}"
+        f"{'503 p95':>8}{'ok/client':>10}"
     )
     rows: list[tuple[str, Level]] = [
         (f"ours, {workload}", level)
@@ -459,6 +471,8 @@ def format_levels(run: ConcurrencyRun) -> str:
             f"{queue.get('p95', math.nan):>10.2f}"
             + (f"{batch:>7.1f}" if batch is not None else f"{'-':>7}")
             + f"{level.ok_past_invocation_limit:>7}"
+            + f"{(level.refusal_seconds or {}).get('p95', math.nan):>8.2f}"
+            + f"{'{}-{}'.format(*level.ok_per_client):>10}"
         )
     return "\n".join(lines)
 

@@ -123,6 +123,22 @@ def test_older_servers_without_batch_fields_still_summarize() -> None:
     assert json.dumps(level.as_json())
 
 
+def test_a_level_says_how_fast_refusals_came_and_how_evenly_clients_were_served() -> None:
+    samples = [
+        Sample(0.0, 1.0, Reply(200), client=0),
+        Sample(0.0, 0.05, Reply(503), client=1),
+        Sample(0.1, 0.15, Reply(503), client=1),
+        Sample(1.0, 1.0, Reply(200), client=0),
+        Sample(0.3, 2.0, Reply(200), client=1),
+        Sample(0.0, 5.0, Reply(0, error="timeout"), client=2),  # no answer at all
+    ]
+    level = summarize_level(3, samples)
+    assert level.ok_per_client == (0, 2)  # client 2 got nothing, client 0 two answers
+    assert level.refusal_seconds is not None
+    assert level.refusal_seconds["max"] == pytest.approx(0.15)  # 503s only, not the timeout
+    assert summarize_level(1, [sample(0.0, 1.0)]).refusal_seconds is None
+
+
 def test_a_level_with_no_answers_has_no_latency() -> None:
     level = summarize_level(1, [sample(0.0, 1.0, status=503)])
     assert level.decisions_per_second == 0
@@ -146,8 +162,9 @@ def test_table_and_plot_cover_every_server_measured(tmp_path: Path) -> None:
         ["ours,", "mix", "4"],
         ["ours,", "batching", "off"],
     ]
-    assert lines[2].split()[-2:] == ["3.0", "0"]  # batch mean, answers past 60 s
-    assert lines[4].split()[-4:] == ["nan", "nan", "-", "0"]
+    # batch mean, answers past 60 s, 503 p95 (none), fewest-most answers per client
+    assert lines[2].split()[-4:] == ["3.0", "0", "nan", "1-1"]
+    assert lines[4].split()[-6:] == ["nan", "nan", "-", "0", "nan", "1-1"]
     assert run.limit_throughput == 4.0
     png = write_plot(run, tmp_path / "plot.png")
     assert png.read_bytes().startswith(b"\x89PNG")
