@@ -67,6 +67,27 @@ def test_closed_loop_keeps_each_client_to_one_request_at_a_time() -> None:
     assert all(sample.seconds >= 0.01 for sample in samples)
 
 
+def test_a_refused_client_waits_its_retry_after_before_sending_again() -> None:
+    sent: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(time.monotonic())
+        if len(sent) == 1:
+            return httpx.Response(503, headers={"retry-after": "1"}, json={"error": "busy"})
+        return httpx.Response(200, json={"timing": {}})
+
+    samples = closed_loop(
+        "http://test",
+        concurrent_decisions(2, series=0, events=1),
+        1,
+        send_decision,
+        transport=httpx.MockTransport(handler),
+    )
+    assert [sample.reply.status for sample in samples] == [503, 200]
+    assert samples[0].reply.retry_after == 1.0
+    assert sent[1] - sent[0] >= 1.0
+
+
 def test_a_request_without_an_answer_is_status_zero() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
