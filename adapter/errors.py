@@ -131,3 +131,9 @@ class UnavailableError(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"retry-after": str(self.retry_after)} if self.retryable else {}
+
+
+def shutting_down() -> UnavailableError:
+    """The answer to work that meets a server stopping (retryable: another instance may
+    take it)."""
+    return UnavailableError("the server is shutting down", retryable=True, cause="stopping")

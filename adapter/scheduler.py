@@ -42,7 +42,7 @@ from adapter.engine import (
     PromptScore,
     Sampling,
 )
-from adapter.errors import ApiError, UnavailableError
+from adapter.errors import ApiError, UnavailableError, shutting_down
 from adapter.kv_layout import MIN_ROWS, common_prefix_length
 from adapter.settings import QueueLimits
 
@@ -186,7 +186,7 @@ class Scheduler:
 
     def _admit(self, waiting: int) -> None:
         if self._stopping:
-            raise UnavailableError("the server is shutting down", retryable=True, cause="stopping")
+            raise shutting_down()
         if waiting >= self.max_queue:
             raise UnavailableError(
                 f"busy: {waiting} requests are queued (SEMIF_MAX_QUEUE={self.max_queue})",
@@ -430,7 +430,7 @@ class Scheduler:
         return None
 
     def _fail_all(self, generation: tuple[_ChatJob, GenerationRun] | None) -> None:
-        stopping = UnavailableError("the server is shutting down", retryable=True, cause="stopping")
+        stopping = shutting_down()
         for job in self._queue:
             job.future.set_exception(stopping)
         self._queue.clear()

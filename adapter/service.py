@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, TypeVar
 
 from adapter.cancel import Cancellation, deadline_error
 from adapter.engine import Generation, LlamaEngine, Sampling
-from adapter.errors import RequestError, UnavailableError
+from adapter.errors import RequestError, shutting_down
 from adapter.kv_layout import common_prefix_length
 from adapter.labels import LabelError, LabelSet
 from adapter.ordering import Reading, Variants, expand, read
@@ -132,24 +133,25 @@ class DecisionService:
                 self.engine.close()
         return True
 
-    def piece(self, token: int) -> str:
-        """A token's text (the readout's top token), unless the model is being freed."""
+    @contextmanager
+    def _vocabulary(self) -> Iterator[LlamaEngine]:
+        """The engine for tokenizing on a request thread: `close` cannot free the
+        vocabulary meanwhile, and a closed service answers that it is shutting down."""
         with self._native:
             if self._closed:
-                raise UnavailableError(
-                    "the server is shutting down", retryable=True, cause="stopping"
-                )
-            return self.engine.piece(token)
+                raise shutting_down()
+            yield self.engine
+
+    def piece(self, token: int) -> str:
+        """A token's text (the readout's top token), unless the model is being freed."""
+        with self._vocabulary() as engine:
+            return engine.piece(token)
 
     def tokenize_prompt(self, prompt: RenderedPrompt, path: str, hint: str = "") -> list[int]:
         """Tokenize a rendered prompt (request spans as plain text), refusing one over
         SEMIF_MAX_TOKENS (the one check)."""
-        with self._native:  # the vocabulary must not be freed under the tokenizer
-            if self._closed:
-                raise UnavailableError(
-                    "the server is shutting down", retryable=True, cause="stopping"
-                )
-            tokens = self.engine.tokenize_prompt(prompt.text, prompt.user_spans)
+        with self._vocabulary() as engine:
+            tokens = engine.tokenize_prompt(prompt.text, prompt.user_spans)
         if len(tokens) > self.max_tokens:
             raise RequestError(
                 path,
