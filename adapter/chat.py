@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.engine import Generation, Sampling
 from adapter.errors import RequestError
 from adapter.fields import member_path
+from adapter.service import Generation, Sampling
 
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4

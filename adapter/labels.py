@@ -20,7 +20,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from adapter.engine import LlamaEngine, ModelLoadError
+from adapter.core.engine import LlamaEngine
+from adapter.core.failures import ModelLoadError
 from adapter.prompts import (
     ANSWER_LETTERS,
     PAIR_LABELS,
@@ -63,7 +64,7 @@ def probe_labels(engine: LlamaEngine, template: ChatTemplate) -> LabelSet:
     """Check every label group against a rendered probe decision; raises ModelLoadError when
     the required letters A..P do not work."""
     prompt = _probe_prompt(template)
-    base = engine.tokenize(prompt)
+    base = engine.vocab.tokenize(prompt)
     tokens: dict[str, tuple[int, ...]] = {
         letter: (token,)
         for letter, token in zip(ANSWER_LETTERS, _answer_slots(engine, prompt, base), strict=True)
@@ -101,7 +102,7 @@ def _answer_slots(engine: LlamaEngine, prompt: str, base: list[int]) -> list[int
     """Each answer letter must be one distinct token appended cleanly after a prompt."""
     slots: list[int] = []
     for letter in ANSWER_LETTERS:
-        extended = engine.tokenize(prompt + letter)
+        extended = engine.vocab.tokenize(prompt + letter)
         added = extended[len(base) :]
         if extended[: len(base)] != base or len(added) != 1:
             raise ModelLoadError(
@@ -109,10 +110,10 @@ def _answer_slots(engine: LlamaEngine, prompt: str, base: list[int]) -> list[int
                 f"prompt (got {len(added)} new tokens, prefix kept: "
                 f"{extended[: len(base)] == base}); this model cannot be scored by letters"
             )
-        if engine.piece(added[0]) != letter:
+        if engine.vocab.piece(added[0]) != letter:
             raise ModelLoadError(
                 f"answer letter {letter!r} token {added[0]} reads back as "
-                f"{engine.piece(added[0])!r}"
+                f"{engine.vocab.piece(added[0])!r}"
             )
         slots.append(added[0])
     if len(set(slots)) != len(slots):
@@ -130,9 +131,9 @@ def _label_group(
     """
     found: dict[str, tuple[int, ...]] = {}
     for label in group:
-        extended = engine.tokenize(prompt + label)
+        extended = engine.vocab.tokenize(prompt + label)
         added = tuple(extended[len(base) :])
-        pieces = [engine.piece(token) for token in added]
+        pieces = [engine.vocab.piece(token) for token in added]
         if extended[: len(base)] != base or pieces != list(label):
             return {}, (
                 f"this model cannot use the answer labels {group[0]}..{group[-1]}: "
@@ -154,7 +155,7 @@ def probe_decision(engine: LlamaEngine, template: ChatTemplate, labels: LabelSet
     The KV cache is cleared afterwards, so the first request starts as cold as before."""
     # A server configured with a tiny KV cache scores the prompt's tail: still a real
     # forward pass that ends where an answer letter is due.
-    tokens = engine.tokenize(render_decision(template, _SCORED_PROBE))[-engine.stream_cells :]
+    tokens = engine.vocab.tokenize(render_decision(template, _SCORED_PROBE))[-engine.stream_cells :]
     try:
         scores, _ = engine.score([tokens])
         readout = read_slots(scores[0].logits, labels.letter_token_ids)
@@ -165,11 +166,11 @@ def probe_decision(engine: LlamaEngine, template: ChatTemplate, labels: LabelSet
     finally:
         engine.reset()
     mass = readout.allowed_token_mass
-    floor = letter_mass_floor(engine.n_vocab)
+    floor = letter_mass_floor(engine.vocab.n_vocab)
     if not math.isfinite(mass) or mass < floor:
         raise ModelLoadError(
             f"the probe decision put {mass:.3g} of the probability on the answer letters, "
-            f"below the floor {floor:.3g} (1/100 of uniform over {engine.n_vocab} tokens); "
+            f"below the floor {floor:.3g} (1/100 of uniform over {engine.vocab.n_vocab} tokens); "
             "the model file is broken or not an instruction model"
         )
     return mass

@@ -22,7 +22,7 @@ from typing import Literal
 
 from adapter.backends import cpu_backend, load_backends
 from adapter.calibration import check_calibration
-from adapter.engine import LlamaEngine
+from adapter.core.engine import LlamaEngine
 from adapter.errors import UnavailableError
 from adapter.labels import LabelSet, probe_decision, probe_labels
 from adapter.model_files import resolve_model_files
@@ -122,8 +122,8 @@ def prepare_model(engine: LlamaEngine) -> LoadedModel:
     logged first: a native crash in the first decode then has its context in the log."""
     LOG.info("%s", engine.weights.describe())
     try:
-        bos, eos = engine.special_texts()
-        template = ChatTemplate(engine.chat_template_source(), bos_token=bos, eos_token=eos)
+        bos, eos = engine.vocab.special_texts()
+        template = ChatTemplate(engine.vocab.chat_template_source(), bos_token=bos, eos_token=eos)
         check_marks_survive(template)
         labels = probe_labels(engine, template)
         mass = probe_decision(engine, template, labels)

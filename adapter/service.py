@@ -4,7 +4,7 @@ Every HTTP route (and the benchmarks) reaches the model through this service, so
 token limits are checked in one place, before a request queues, and a native failure marks
 the service unhealthy in one place. Threads: its methods run on request threads; they
 tokenize (the read-only vocabulary, under `_native` so `close` cannot free it meanwhile)
-and hand all decoding to the scheduler's worker (adapter.scheduler), then wait for it.
+and hand all decoding to the scheduler's worker (adapter.core.scheduler), then wait for it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,18 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import Any, TypeVar
 
 from adapter.cancel import Cancellation, deadline_error
-from adapter.engine import Generation, LlamaEngine, Sampling
+from adapter.core.engine import LlamaEngine
+
+# Chat's request and answer types, re-exported: the chat API (adapter.chat) reaches the
+# core only through this module.
+from adapter.core.generation import Generation as Generation
+from adapter.core.generation import Sampling as Sampling
+from adapter.core.layout import Price, distinct_tokens, price
+from adapter.core.scheduler import JobTiming, Scheduler
 from adapter.errors import RequestError, shutting_down
-from adapter.kv_layout import common_prefix_length
 from adapter.labels import LabelError, LabelSet
 from adapter.ordering import Reading, Variants, expand, read
 from adapter.prompts import (
@@ -34,7 +39,6 @@ from adapter.prompts import (
     render_decision_prompt,
 )
 from adapter.readout import NonFiniteLogitsError, SlotReadout, read_labels
-from adapter.scheduler import JobTiming, Scheduler
 from adapter.schema import Decision, Mode, decision_paths
 from adapter.settings import QueueLimits
 from model_build.calibration import Calibration, OptionOrder
@@ -145,13 +149,13 @@ class DecisionService:
     def piece(self, token: int) -> str:
         """A token's text (the readout's top token), unless the model is being freed."""
         with self._vocabulary() as engine:
-            return engine.piece(token)
+            return engine.vocab.piece(token)
 
     def tokenize_prompt(self, prompt: RenderedPrompt, path: str, hint: str = "") -> list[int]:
         """Tokenize a rendered prompt (request spans as plain text), refusing one over
         SEMIF_MAX_TOKENS (the one check)."""
         with self._vocabulary() as engine:
-            tokens = engine.tokenize_prompt(prompt.text, prompt.user_spans)
+            tokens = engine.vocab.tokenize_prompt(prompt.text, prompt.user_spans)
         if len(tokens) > self.max_tokens:
             raise RequestError(
                 path,
@@ -202,21 +206,11 @@ class DecisionService:
         labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
         firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]
         token_lists = [tokens for _, tokens in prompts]
-        # What the request can cost the engine: its prompts' prefix tree (a shared state
-        # counts once, as it is decoded once) and its label continuations.
-        distinct = distinct_tokens(token_lists)
-        cost = distinct + sum(len(f) for f in firsts)
-        if cost > self.limits.max_request_tokens:
-            raise RequestError(
-                paths[0].split("[")[0].split(".")[0],
-                f"the request costs {cost} tokens (distinct prompt tokens and label "
-                "continuations); the "
-                f"limit is {self.limits.max_request_tokens} (SEMIF_MAX_REQUEST_TOKENS); send fewer "
-                "or shorter decisions",
-            )
+        cost = price(token_lists, firsts, stream_cells=self.engine.stream_cells)
+        self._check_budget(cost, paths[0].split("[")[0].split(".")[0])
         cancel = cancel or Cancellation()
         job = self.scheduler.submit(
-            token_lists, firsts, started + self.limits.request_timeout_seconds, cancel
+            token_lists, firsts, started + self.limits.request_timeout_seconds, cancel, cost=cost
         )
         scores, timing = self._wait(job.future, cancel, started)
         try:
@@ -234,8 +228,30 @@ class DecisionService:
             readouts=readouts,
             timing=timing,
             total_seconds=time.monotonic() - started,
-            distinct_input_tokens=distinct,
+            distinct_input_tokens=distinct_tokens(token_lists),
         )
+
+    def _check_budget(self, cost: Price, path: str) -> None:
+        """Refuse, before it queues, a request over SEMIF_MAX_REQUEST_TOKENS (what the layout
+        charges it: rows, passes' copies) or one whose own passes, at the measured speed,
+        cannot end within SEMIF_REQUEST_TIMEOUT_S: no retry can help either (a 400)."""
+        limit = self.limits.max_request_tokens
+        if cost.charge() > limit:
+            raise RequestError(
+                path,
+                f"the request costs {cost.charge()} tokens (the rows its passes decode, "
+                f"label continuations and stream copies included); the limit is {limit} "
+                "(SEMIF_MAX_REQUEST_TOKENS); send fewer or shorter decisions",
+            )
+        seconds = self.scheduler.seconds_for(cost)
+        deadline = self.limits.request_timeout_seconds
+        if seconds is not None and seconds > deadline:
+            raise RequestError(
+                path,
+                f"the request needs about {seconds:.0f} s of scoring at this model's measured "
+                f"speed; a request may take {deadline:g} s (SEMIF_REQUEST_TIMEOUT_S); send "
+                "fewer or shorter decisions",
+            )
 
     def read_variants(
         self,
@@ -274,10 +290,3 @@ class DecisionService:
             cancel=cancel,
         )
         return self._wait(job.future, cancel, started)
-
-
-def distinct_tokens(prompts: Sequence[Sequence[int]]) -> int:
-    """Tokens in the prompts' prefix tree: neighbours in sorted order share the most."""
-    ordered = sorted(tuple(prompt) for prompt in prompts)
-    shared = sum(common_prefix_length(left, right) for left, right in pairwise(ordered))
-    return sum(len(prompt) for prompt in ordered) - shared

@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from adapter.engine import BatchTiming
+from adapter.core.engine import BatchTiming
 from adapter.prompts import ANSWER_LETTERS
 from adapter.schema import Decision
 from adapter.settings import Settings

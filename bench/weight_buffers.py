@@ -23,7 +23,7 @@ from pathlib import Path
 import llama_cpp
 
 from adapter.backends import cpu_backend, load_backends
-from adapter.engine import LlamaEngine
+from adapter.core.engine import LlamaEngine
 from adapter.weight_buffers import WeightBuffers, choose_buffers
 from bench.runner import DEFAULT_MODEL_CACHE
 from model_build.embedded import fetch_embedded_model
@@ -75,7 +75,7 @@ def measure(gguf: Path, setting: WeightBuffers, threads: int) -> tuple[float, di
         cpu=cpu_backend(None),
     )
     try:
-        body = engine.tokenize(_TEXT * 8)[:PROMPT_TOKENS]
+        body = engine.vocab.tokenize(_TEXT * 8)[:PROMPT_TOKENS]
         # Rotations: the same tokens, no common prefix, so every row is decoded.
         prompts = [body[index * 7 :] + body[: index * 7] for index in range(PROMPTS)]
         rates = []

@@ -38,21 +38,49 @@ ALLOWED: dict[str, set[str]] = {
 }
 # adapter modules that must stay free of the rest of the adapter
 PURE_ADAPTER_MODULES = {
-    "engine",
     "errors",
-    "kv_layout",
     "readout",
     "backends",
     "settings",
     "weight_buffers",
 }
-# the edges between pure modules beyond adapter.errors: the engine executes kv_layout's
-# plans; the weight-buffer policy's types are shared by the engine that applies it, the
-# backend query that feeds it and the setting that names it
+# the edges between pure modules beyond adapter.errors: the weight-buffer policy's types are
+# shared by the backend query that feeds it and the setting that names it
 PURE_EDGES = {
-    "engine": {"adapter.kv_layout", "adapter.weight_buffers"},
     "backends": {"adapter.weight_buffers"},
     "settings": {"adapter.weight_buffers"},
+}
+# The serving core (adapter/core, see its __init__) is reached from the service, which
+# requests go through, and from start-up: the runtime builds the engine and the label
+# probes score on it before any worker exists. The benchmarks and the GPU check measure the
+# core directly on purpose.
+CORE_DOORS = {"adapter.service", "adapter.runtime", "adapter.labels"}
+# What the core may use of the rest of the adapter: the error answers and cancellation it
+# raises, the queue limits it enforces, the weight-buffer policy it applies.
+CORE_USES = {"adapter.errors", "adapter.cancel", "adapter.settings", "adapter.weight_buffers"}
+# Within the core, who may import whom (beyond failures, which anyone may): one owner per
+# piece of state, and nothing below the scheduler knows the queue.
+CORE_EDGES: dict[str, set[str]] = {
+    "failures": set(),
+    "layout": set(),
+    "vocab": set(),
+    "native": {"adapter.weight_buffers"},
+    "generation": {"adapter.core.layout"},
+    "engine": {
+        "adapter.core.generation",
+        "adapter.core.layout",
+        "adapter.core.native",
+        "adapter.core.vocab",
+        "adapter.weight_buffers",
+    },
+    "scheduler": {
+        "adapter.core.engine",
+        "adapter.core.generation",
+        "adapter.core.layout",
+        "adapter.cancel",
+        "adapter.errors",
+        "adapter.settings",
+    },
 }
 
 
@@ -90,6 +118,28 @@ def test_package_imports_only_what_its_layer_allows(package: str, path: Path) ->
         allowed = {"adapter.errors"} if path.stem != "errors" else set()
         allowed |= PURE_EDGES.get(path.stem, set())
         assert adapter_imports <= allowed, f"{path.name} imports {sorted(adapter_imports)}"
+    if package == "adapter":
+        _check_core_boundary(path, imported)
+
+
+def _check_core_boundary(path: Path, imported: set[str]) -> None:
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    core = {name for name in imported if name.startswith("adapter.core")}
+    if not module.startswith("adapter.core"):
+        assert not core or module in CORE_DOORS, f"{module} reaches into the core: {core}"
+        return
+    if path.stem == "__init__":
+        assert not imported - {"__future__"}, "the core package imports nothing on import"
+        return
+    ours = {name for name in imported if name.startswith("adapter.")}
+    allowed = CORE_EDGES[path.stem] | {"adapter.core.failures"}
+    assert ours <= allowed, f"{module} imports {sorted(ours - allowed)}"
+    assert not (ours - {n for n in ours if n.startswith("adapter.core")}) - CORE_USES
+
+
+def test_every_core_module_has_its_edges_stated() -> None:
+    modules = {p.stem for p in (REPO / "adapter" / "core").glob("*.py")} - {"__init__"}
+    assert modules == set(CORE_EDGES)
 
 
 def test_every_package_is_covered() -> None:

@@ -22,8 +22,8 @@ import httpx
 import llama_cpp
 import llama_cpp._logger
 
+from adapter.core.layout import MIN_ROWS
 from adapter.decisions import decide
-from adapter.kv_layout import MIN_ROWS
 from adapter.runtime import load_service
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
@@ -165,7 +165,7 @@ def shared_state(service: DecisionService, decisions: Sequence[Decision]) -> dic
     service.engine.reset()
     shared = decide(service, decisions, "shared")
     timing = shared["timing"]
-    state_tokens = len(service.engine.tokenize(decisions[0].state_text))
+    state_tokens = len(service.engine.vocab.tokenize(decisions[0].state_text))
     # Decoded once, whatever the passes: each further prompt saves its state, less the
     # MIN_ROWS tokens the exact path re-decodes where prompts diverge.
     saved = timing["input_tokens"] - timing["evaluated_tokens"]
@@ -192,7 +192,7 @@ def prefix_reuse(service: DecisionService, first: Decision, second: Decision) ->
     tokens = warm["results"][0]["input_tokens"]
     reused, evaluated = warm["timing"]["reused_tokens"], warm["timing"]["evaluated_tokens"]
     require(reused + evaluated == tokens, f"{reused} + {evaluated} != {tokens} tokens")
-    require(reused > len(engine.tokenize(second.state_text)), f"only {reused} tokens reused")
+    require(reused > len(engine.vocab.tokenize(second.state_text)), f"only {reused} tokens reused")
     require(evaluated < tokens / 3, f"{evaluated} of {tokens} tokens evaluated")
     repeat = decide(service, [second], "single")
     _require_only_the_tail_again(repeat["timing"])
@@ -245,6 +245,6 @@ def http_prefix_reuse(client: Invoker, first: Decision, second: Decision) -> dic
 
 def _require_only_the_tail_again(timing: dict[str, Any]) -> None:
     """A fully resident prompt asked again decodes only its last MIN_ROWS tokens (the exact
-    path, adapter.kv_layout), never the whole prompt."""
+    path, adapter.core.layout), never the whole prompt."""
     evaluated = timing["evaluated_tokens"]
     require(1 <= evaluated <= MIN_ROWS, f"a repeated prompt was re-evaluated ({evaluated} tokens)")

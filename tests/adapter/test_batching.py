@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from adapter.cancel import Cancellation
+from adapter.core.generation import Sampling
+from adapter.core.layout import Price, price
+from adapter.core.scheduler import Scheduler
 from adapter.decisions import decide
-from adapter.engine import Sampling
 from adapter.errors import RequestError, UnavailableError
 from adapter.runtime import LoadedModel
-from adapter.scheduler import Scheduler
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
 from adapter.settings import QueueLimits
@@ -57,7 +58,7 @@ def _histories_match_alone(gguf: Path, trials: int, tolerance: float) -> None:
     fresh = open_test_model(gguf)
     seen: list[list[int]] = []
     try:
-        vocab = min(shared.engine.n_vocab, 200)
+        vocab = min(shared.engine.vocab.n_vocab, 200)
         for _ in range(trials):
             prompts = _prompts(rng, vocab, seen)
             extra = [rng.sample(range(3, vocab), rng.choice([0, 0, 2])) for _ in prompts]
@@ -156,6 +157,51 @@ def test_an_over_budget_request_is_refused_before_queueing(tiny: LoadedModel) ->
         service.close(10)
 
 
+def test_the_budget_charges_passes_and_copies_and_repeats_ride_free(tiny: LoadedModel) -> None:
+    """The request budget is the layout's price: 64 questions about one state pay for each
+    question's rows and its stream copy; the same question asked 64 times is scored once."""
+    options = tuple(Option(o, f"The {o} option.") for o in ("refunds", "shipping", "sales"))
+    same = [
+        Decision(f"d{i}", "Order 1182 arrived damaged.", "Which queue?", options) for i in range(64)
+    ]
+    service = _service(tiny, max_request_tokens=600)
+    try:
+        answers = decide(service, same, "shared")
+        assert len(answers["results"]) == 64
+        assert answers["timing"]["passes"] == 1
+        with pytest.raises(RequestError, match=r"costs \d+ tokens.*stream copies.*limit is 600"):
+            decide(service, [_decision(i) for i in range(64)], "shared")
+        assert service.scheduler.waiting == 0
+    finally:
+        service.close(10)
+
+
+def test_a_request_that_cannot_finish_in_time_is_refused_at_once(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once passes have measured the speed, a request whose own passes would outlast
+    SEMIF_REQUEST_TIMEOUT_S gets a 400 (no retry can help) before it queues, instead of a
+    retryable 503 after holding the worker."""
+    service = _service(tiny)
+    try:
+        decide(service, [_decision(0)], "single")  # a pass measures the speed
+        assert service.scheduler.seconds_for(service_price(service, 1)) is not None
+        monkeypatch.setattr(service.scheduler, "_row_seconds", 1.0)  # as if very slow
+        with pytest.raises(RequestError, match=r"needs about \d+ s.*SEMIF_REQUEST_TIMEOUT_S"):
+            decide(service, [_decision(i) for i in range(4)], "shared")
+        assert service.scheduler.waiting == 0
+    finally:
+        service.close(10)
+
+
+def service_price(service: DecisionService, count: int) -> Price:
+    """What `count` decisions about one state cost (adapter.core.layout.price)."""
+    tokens = [
+        tokens for _, tokens in service.render([_decision(i) for i in range(count)], "shared")
+    ]
+    return price(tokens, [[] for _ in tokens], stream_cells=service.engine.stream_cells)
+
+
 def test_scoring_finishes_while_a_long_chat_runs(tiny: LoadedModel) -> None:
     service = _service(tiny)
     try:
@@ -201,7 +247,7 @@ def test_scoring_between_chat_steps_leaves_the_chat_as_it_is_alone(tiny_gguf: Pa
 
 def test_without_reuse_a_continuing_request_gets_its_last_pass_to_itself() -> None:
     """A newcomer in that pass would empty the cache the request's rest reads from."""
-    # 95 rows: a 91-token prompt, but not its sibling too (adapter.scheduler prices)
+    # 95 rows: a 91-token prompt, but not its sibling too (adapter.core.scheduler prices)
     engine = FakeEngine(pass_rows=95, prefix_reuse=False)
     scheduler = Scheduler(
         engine,  # type: ignore[arg-type]

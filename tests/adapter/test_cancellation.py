@@ -21,9 +21,9 @@ import pytest
 
 from adapter.app import create_app
 from adapter.cancel import Cancellation
-from adapter.engine import GenerationRun
+from adapter.core.generation import GenerationRun
+from adapter.core.scheduler import Scheduler
 from adapter.errors import ClientDisconnectedError, UnavailableError
-from adapter.scheduler import Scheduler
 from adapter.settings import QueueLimits, Settings
 from tests.support.fake_engine import FakeEngine
 from tests.support.live_server import live_server, post_in_background, runtime_of

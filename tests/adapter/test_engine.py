@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from adapter.backends import cpu_backend
+from adapter.core.engine import LlamaEngine
+from adapter.core.failures import CapacityError, ModelLoadError
+from adapter.core.layout import MIN_ROWS, common_prefix_length
 from adapter.decisions import decide
-from adapter.engine import CapacityError, LlamaEngine, ModelLoadError
-from adapter.kv_layout import MIN_ROWS, common_prefix_length
 from adapter.prompts import ANSWER_LETTERS, TemplateRenderError
 from adapter.readout import read_slots
 from adapter.runtime import LoadedModel
@@ -53,7 +54,7 @@ def questions() -> list[Decision]:
 def test_answer_slots_are_single_distinct_letter_tokens(model: LoadedModel) -> None:
     slots = model.labels.letter_token_ids
     assert len(set(slots)) == len(ANSWER_LETTERS)
-    assert [model.engine.piece(token) for token in slots] == list(ANSWER_LETTERS)
+    assert [model.engine.vocab.piece(token) for token in slots] == list(ANSWER_LETTERS)
 
 
 def test_model_whose_letter_merges_with_the_prompt_is_refused(tmp_path: Path) -> None:
@@ -79,7 +80,7 @@ def test_shared_batch_matches_each_decision_alone(model: LoadedModel) -> None:
     service, engine = service_of(model), model.engine
     shared = decide(service, questions(), "shared")
     timing = shared["timing"]
-    # One pass: the prompts' shared state costs its rows once (adapter.scheduler).
+    # One pass: the prompts' shared state costs its rows once (adapter.core.scheduler).
     assert timing["passes"] == 1
     # System prompt + state are decoded once for all three prompts.
     assert timing["evaluated_tokens"] < timing["input_tokens"] - 40
@@ -123,7 +124,7 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
     ((_, second_tokens),) = service.render([second], "single")
     common = common_prefix_length(first_tokens, second_tokens)
     assert warm["timing"]["reused_tokens"] == common
-    assert warm["timing"]["reused_tokens"] > len(engine.tokenize(STATE))
+    assert warm["timing"]["reused_tokens"] > len(engine.vocab.tokenize(STATE))
     assert suffix < tokens / 2  # the question and options
     repeat = decide(service, [second], "single")
     # Fully resident: only its last MIN_ROWS tokens are decoded again (exact path).

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from adapter import prompts
 from adapter.app import create_app
-from adapter.engine import SpecialToken
+from adapter.core.vocab import SpecialToken, Vocabulary
 from adapter.errors import RequestError
 from adapter.http import check_json
 from adapter.prompts import (
@@ -224,14 +224,12 @@ def test_a_model_whose_template_loses_markers_does_not_start(tmp_path: Path) -> 
 
 
 def test_special_token_split_honours_lstrip_and_rstrip() -> None:
-    from adapter.engine import LlamaEngine
-
     text = "ab  <T>  cd <T>"
     both = SpecialToken(7, "<T>", 8 | 128 | 256)  # CONTROL | LSTRIP | RSTRIP
-    split = LlamaEngine._split_at(text, [(0, len(text))], both, ())
+    split = Vocabulary._split_at(text, [(0, len(text))], both, ())
     assert split == [(0, 2), 7, (9, 11), 7]
     # An occurrence inside request text stays raw text.
-    assert LlamaEngine._split_at(text, [(0, len(text))], both, [(12, 15)]) == [(0, 2), 7, (9, 15)]
+    assert Vocabulary._split_at(text, [(0, len(text))], both, [(12, 15)]) == [(0, 2), 7, (9, 15)]
 
 
 def test_chat_content_markers_stay_plain_over_http(tiny_client: TestClient) -> None:
@@ -241,9 +239,9 @@ def test_chat_content_markers_stay_plain_over_http(tiny_client: TestClient) -> N
     usage = post(tiny_client, json.dumps(body)).json()["usage"]
     prompt = render_chat_prompt(service.template, body["messages"])  # type: ignore[arg-type]
     assert usage["prompt_tokens"] == len(
-        service.engine.tokenize_prompt(prompt.text, prompt.user_spans)
+        service.engine.vocab.tokenize_prompt(prompt.text, prompt.user_spans)
     )
-    assert usage["prompt_tokens"] > len(service.engine.tokenize(prompt.text))
+    assert usage["prompt_tokens"] > len(service.engine.vocab.tokenize(prompt.text))
 
 
 # -- 6. small contract misses ---------------------------------------------------------------
@@ -415,8 +413,8 @@ def test_thousands_of_user_spans_tokenize_like_plain_llama_cpp(
     under the engine lock); with thousands of spans the tokens still equal llama.cpp's."""
     messages = [{"role": "user", "content": "a"}] * 4000
     prompt = render_chat_prompt(tiny_service.template, messages)
-    tokens = tiny_service.engine.tokenize_prompt(prompt.text, prompt.user_spans)
-    assert tokens == tiny_service.engine.tokenize(prompt.text)
+    tokens = tiny_service.engine.vocab.tokenize_prompt(prompt.text, prompt.user_spans)
+    assert tokens == tiny_service.engine.vocab.tokenize(prompt.text)
 
 
 def test_the_sagemaker_route_keeps_connection_and_request_id_headers(

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from adapter import runtime as runtime_module
 from adapter.app import create_app
-from adapter.engine import NativeFailureError
+from adapter.core.failures import NativeFailureError
 from adapter.model_files import calibration_summary
 from adapter.prompts import PROMPT_VERSION
 from adapter.readout import softmax

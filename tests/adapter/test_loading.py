@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from adapter import settings as settings_module
 from adapter.app import create_app
-from adapter.engine import ModelLoadError
+from adapter.core.failures import ModelLoadError
 from adapter.labels import letter_mass_floor, probe_decision
 from adapter.model_files import ModelFilesError, resolve_model_files
 from adapter.runtime import load_service
@@ -123,8 +123,8 @@ def test_the_healthy_tiny_model_passes_the_probe_with_margin(tiny_gguf: Path) ->
     model = open_test_model(tiny_gguf)
     try:
         mass = probe_decision(model.engine, model.template, model.labels)
-        assert mass > 10 * letter_mass_floor(model.engine.n_vocab)
-        assert model.engine.score([model.engine.tokenize("x")])[1].reused_tokens == 0
+        assert mass > 10 * letter_mass_floor(model.engine.vocab.n_vocab)
+        assert model.engine.score([model.engine.vocab.tokenize("x")])[1].reused_tokens == 0
     finally:
         model.engine.close()
 

@@ -206,7 +206,7 @@ def test_debiased_rotations_share_one_state_prefill(service: DecisionService) ->
     # Long states, each new to the cache (only the system turn is resident from before).
     canonical = ask(" ".join(["Case A."] + [STATE] * 10), "canonical")
     state = " ".join(["Case B."] + [STATE] * 10)
-    state_tokens = len(service.engine.tokenize(state))
+    state_tokens = len(service.engine.vocab.tokenize(state))
     debiased = ask(state, "debiased")
     results = debiased["results"]
     assert [r["timing"]["prompts"] for r in results] == [4, 3]

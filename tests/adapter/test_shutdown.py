@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from adapter.core.generation import GenerationRun
 from adapter.decisions import decide
-from adapter.engine import GenerationRun
 from adapter.errors import UnavailableError
 from adapter.schema import parse_decision_body
 from adapter.settings import Settings
@@ -34,7 +34,7 @@ def slow_tokens(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
 
     monkeypatch.setattr(GenerationRun, "step", slow)
     monkeypatch.setattr(
-        "adapter.engine.llama_cpp.llama_vocab_is_eog", lambda vocab, token: False
+        "adapter.core.vocab.Vocabulary.is_end", lambda vocab, token: False
     )  # never stop early: the chat would otherwise end on its own
 
 

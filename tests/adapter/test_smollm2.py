@@ -38,7 +38,7 @@ def service(smollm2_gguf: Path) -> Iterator[DecisionService]:
 
 def test_letters_are_single_tokens_of_the_real_tokenizer(service: DecisionService) -> None:
     slots = service.labels.letter_token_ids
-    assert [service.engine.piece(token) for token in slots] == list("ABCDEFGHIJKLMNOP")
+    assert [service.engine.vocab.piece(token) for token in slots] == list("ABCDEFGHIJKLMNOP")
 
 
 def test_model_answers_with_a_letter(service: DecisionService) -> None:
@@ -98,6 +98,6 @@ def test_the_probe_decision_finds_most_mass_on_the_letters(smollm2_gguf: Path) -
     try:
         mass = probe_decision(model.engine, model.template, model.labels)
         assert mass > 0.1  # measured 0.46; the floor is 3.3e-6
-        assert mass > 1000 * letter_mass_floor(model.engine.n_vocab)
+        assert mass > 1000 * letter_mass_floor(model.engine.vocab.n_vocab)
     finally:
         model.engine.close()

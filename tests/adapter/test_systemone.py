@@ -120,7 +120,7 @@ def test_usage_counts_the_shared_state_once_in_batched_passes(
     together = post(client, {"state": STATE, "questions": questions()}).json()["usage"]
     # The questions of one request share one pass: their state costs its rows once.
     assert calls == [1, 1, 1, 3]
-    state_tokens = len(service.engine.tokenize(json.dumps(STATE)))
+    state_tokens = len(service.engine.vocab.tokenize(json.dumps(STATE)))
     separate = sum(usage["input_tokens"] for usage in each)
     assert together["input_tokens"] <= separate - 2 * state_tokens
 
@@ -338,9 +338,9 @@ def test_every_label_is_checked_at_load(tiny_gguf: Path) -> None:
         pairs = model.labels.token_ids(PAIR_LABELS)
         assert all(len(tokens) == 1 for tokens in singles)
         assert all(len(tokens) == 2 for tokens in pairs)
-        assert [model.engine.piece(a) + model.engine.piece(b) for a, b in pairs] == list(
-            PAIR_LABELS
-        )
+        assert [
+            model.engine.vocab.piece(a) + model.engine.vocab.piece(b) for a, b in pairs
+        ] == list(PAIR_LABELS)
     finally:
         model.engine.close()
 
@@ -389,7 +389,7 @@ def test_continuations_leave_the_prompt_logits_untouched(tiny_gguf: Path) -> Non
             Decision("a", "Shared evidence.", "Which code?", _options(80)),
             Decision("b", "Shared evidence.", "Which queue?", _options(3)),
         ]
-        prompts = [engine.tokenize(render_decision(model.template, d)) for d in decisions]
+        prompts = [engine.vocab.tokenize(render_decision(model.template, d)) for d in decisions]
         pairs = model.labels.token_ids(answer_labels(80))
         letters = [sorted({pair[0] for pair in pairs}), []]
         engine.reset()
@@ -412,7 +412,7 @@ def _reference_log_probabilities(model: LoadedModel, decision: Decision) -> np.n
     """log P(label) of each label from separate single-prompt decodes (prefix reuse makes
     each continuation cost two tokens: the prompt's last and the letter)."""
     engine = model.engine
-    prompt = engine.tokenize(render_decision(model.template, decision))
+    prompt = engine.vocab.tokenize(render_decision(model.template, decision))
     engine.reset()
     (alone,), _ = engine.score([prompt])
     first = log_probabilities(alone.logits)

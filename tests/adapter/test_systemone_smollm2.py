@@ -64,8 +64,10 @@ def test_real_tokenizer_passes_every_label_check(client: TestClient) -> None:
     engine = service.engine
     singles = service.labels.token_ids(SINGLE_LABELS)
     pairs = service.labels.token_ids(PAIR_LABELS)
-    assert [engine.piece(tokens[0]) for tokens in singles] == list(SINGLE_LABELS)
-    assert ["".join(engine.piece(token) for token in pair) for pair in pairs] == list(PAIR_LABELS)
+    assert [engine.vocab.piece(tokens[0]) for tokens in singles] == list(SINGLE_LABELS)
+    assert ["".join(engine.vocab.piece(token) for token in pair) for pair in pairs] == list(
+        PAIR_LABELS
+    )
     assert all(len(pair) == 2 for pair in pairs)
 
 
@@ -90,7 +92,7 @@ def test_255_options_are_scored_exactly(client: TestClient) -> None:
         "code", state, "Which code fits?", tuple(Option(key, key) for key in criteria)
     )
     order = canonical_order(decision.options)  # the server's default option order
-    prompt = engine.tokenize(render_decision(service.template, arrange(decision, order)))
+    prompt = engine.vocab.tokenize(render_decision(service.template, arrange(decision, order)))
     (alone,), _ = engine.score([prompt])
     first = log_probabilities(alone.logits)
     pairs = service.labels.token_ids(answer_labels(255))

@@ -16,7 +16,8 @@ import llama_cpp
 import pytest
 
 from adapter.backends import cpu_backend, load_backends
-from adapter.engine import LlamaEngine, restrict_weight_buffers
+from adapter.core.engine import LlamaEngine
+from adapter.core.native import restrict_weight_buffers
 from adapter.runtime import load_service
 from adapter.settings import Settings, SettingsError, load_settings
 from adapter.weight_buffers import (

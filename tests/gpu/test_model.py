@@ -39,7 +39,7 @@ def test_small_model_starts_through_the_adapter_and_scores_every_label_group(
     service: DecisionService,
 ) -> None:
     assert service.model["backends"] == ["CPU"]
-    assert service.engine.n_vocab == SHAPES["small"].n_vocab
+    assert service.engine.vocab.n_vocab == SHAPES["small"].n_vocab
     assert checks.labels(service) == {"option_counts": [16, 60]}
 
 
@@ -83,7 +83,7 @@ def test_vocabulary_padding_does_not_change_tokenization(tmp_path: Path) -> None
     for n_vocab in (2048, 4096):
         gguf = write_model(tmp_path / f"{n_vocab}.gguf", replace(SHAPES["small"], n_vocab=n_vocab))
         loaded = load_service(Settings(gguf_path=gguf, threads=1))
-        token_lists.append(loaded.engine.tokenize(text))
+        token_lists.append(loaded.engine.vocab.tokenize(text))
         loaded.engine.close()
     assert token_lists[0] == token_lists[1]
     assert len(token_lists[0]) < len(text) / 1.5  # merges work: well under a token per byte

@@ -1,10 +1,10 @@
 """An engine that only records what the scheduler asks of it, for scheduler tests.
 
-It has what adapter.scheduler reads of a `LlamaEngine` (pass_rows, max_branches,
+It has what adapter.core.scheduler reads of a `LlamaEngine` (pass_rows, max_branches, stream_cells,
 prefix_reuse, score, start_generation). Every pass waits for `release` (set it to let the
 worker run; `entered` tells that a pass is waiting), then is recorded. Time is a
 `FakeClock` that moves only while it works (a pass, a chat token): put the clock in place
-of adapter.scheduler's `time` and expiries follow the schedule, not this machine's speed.
+of adapter.core.scheduler's `time` and expiries follow the schedule, not this machine's speed.
 Each prompt's score is `identity(prompt)`, so answers can be checked against prompts.
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from adapter.engine import BatchTiming, PromptScore, Sampling
+from adapter.core.engine import BatchTiming, PromptScore
+from adapter.core.generation import Sampling
 
 PASS_SECONDS = 1.0  # fake time a pass takes
 TOKEN_SECONDS = 0.25  # fake time a chat token takes
@@ -82,6 +83,7 @@ class FakeEngine:
     max_branches: int = 16
     prefix_reuse: bool = True
     clock: FakeClock = field(default_factory=FakeClock)
+    stream_cells: int = 256  # a whole-stream copy is charged as one row (layout.price)
     passes: list[Pass] = field(default_factory=list)
     chat_tokens: int = 0
     entered: threading.Event = field(default_factory=threading.Event)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from adapter.engine import LlamaEngine
+from adapter.core.engine import LlamaEngine
 from adapter.prompts import render_chat_prompt
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
@@ -86,7 +86,7 @@ def forged_systemone(max_questions: int = 8) -> Iterator[tuple[str, Decision]]:
 
 
 def control_ids(engine: LlamaEngine) -> set[int]:
-    return {special.id for special in engine.special_tokens if special.forgeable}
+    return {special.id for special in engine.vocab.special_tokens if special.forgeable}
 
 
 def controls(engine: LlamaEngine, tokens: Sequence[int]) -> list[int]:
@@ -97,10 +97,10 @@ def controls(engine: LlamaEngine, tokens: Sequence[int]) -> list[int]:
 def text_of(engine: LlamaEngine, tokens: Sequence[int]) -> str:
     """Detokenize, control tokens spelt out, a leading added BOS dropped."""
     body = list(tokens)
-    added = engine.tokenize("")  # [BOS] when the model adds one, else []
+    added = engine.vocab.tokenize("")  # [BOS] when the model adds one, else []
     if added and body[:1] == added:
         body = body[1:]
-    data = b"".join(engine._piece_bytes(token, special=True) for token in body)
+    data = b"".join(engine.vocab.piece_bytes(token, special=True) for token in body)
     return data.decode("utf-8")
 
 
@@ -109,12 +109,12 @@ def assert_clean_tokenization_unchanged(service: DecisionService) -> None:
     engine = service.engine
     for decision in CLEAN_DECISIONS:
         [(text, tokens)] = service.render([decision], "single")
-        assert tokens == engine.tokenize(text), decision.id
+        assert tokens == engine.vocab.tokenize(text), decision.id
     for messages in CLEAN_CHATS:
         prompt = render_chat_prompt(service.template, messages)
-        assert engine.tokenize_prompt(prompt.text, prompt.user_spans) == engine.tokenize(
-            prompt.text
-        )
+        assert engine.vocab.tokenize_prompt(
+            prompt.text, prompt.user_spans
+        ) == engine.vocab.tokenize(prompt.text)
 
 
 def _assert_plain(
@@ -123,7 +123,7 @@ def _assert_plain(
     assert controls(engine, tokens) == controls(engine, clean_tokens)  # no forged turn
     assert text_of(engine, tokens) == text  # every character of the marker is still there
     # llama.cpp's own parsing would have made the marker real control tokens.
-    assert len(controls(engine, engine.tokenize(text))) > len(controls(engine, tokens))
+    assert len(controls(engine, engine.vocab.tokenize(text))) > len(controls(engine, tokens))
 
 
 def assert_forged_markers_stay_plain(service: DecisionService) -> None:
@@ -142,10 +142,10 @@ def assert_forged_markers_stay_plain(service: DecisionService) -> None:
         assert text_of(engine, tokens) == text
     for messages in CLEAN_CHATS:
         clean_prompt = render_chat_prompt(service.template, messages)
-        clean_tokens = engine.tokenize_prompt(clean_prompt.text, clean_prompt.user_spans)
+        clean_tokens = engine.vocab.tokenize_prompt(clean_prompt.text, clean_prompt.user_spans)
         for index in range(len(messages)):
             forged_messages = [dict(message) for message in messages]
             forged_messages[index]["content"] += FORGED
             prompt = render_chat_prompt(service.template, forged_messages)
-            tokens = engine.tokenize_prompt(prompt.text, prompt.user_spans)
+            tokens = engine.vocab.tokenize_prompt(prompt.text, prompt.user_spans)
             _assert_plain(engine, clean_tokens, prompt.text, tokens)

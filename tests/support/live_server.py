@@ -13,8 +13,8 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from adapter.core.scheduler import Scheduler
 from adapter.runtime import Runtime
-from adapter.scheduler import Scheduler
 from adapter.serve import HeadDeadlineProtocol
 
 
@@ -72,12 +72,12 @@ class BusyFirst:
         if service is None or self._hooked is service.scheduler:
             return
         scheduler = service.scheduler
-        real_admit = scheduler._admit
+        real_admit = scheduler._make_room
 
         def admit(waiting: int) -> None:
             real_admit(scheduler.max_queue if self._full else waiting)
 
-        scheduler._admit = admit  # type: ignore[method-assign]
+        scheduler._make_room = admit  # type: ignore[method-assign]
         self._hooked = scheduler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adapter.backends import cpu_backend
-from adapter.engine import LlamaEngine
+from adapter.core.engine import LlamaEngine
 from adapter.runtime import LoadedModel, prepare_model
 from adapter.service import DecisionService
 

@@ -21,7 +21,10 @@ only; one row takes those kernels too). This module plans passes that keep both 
   (consecutive stream ids, the same number of rows each), so the plan knows every micro-batch
   and can hold (a) and (b).
 
-Pure bookkeeping: the engine executes the plan with llama.cpp.
+Pure bookkeeping: the engine executes the plan with llama.cpp. `price` is the one place
+that says what a request costs (rows and streams per pass, whole-stream copies, the tokens
+charged against SEMIF_MAX_REQUEST_TOKENS); the scheduler packs passes with it and the
+service charges the request budget with it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,115 @@ UBATCH_ROWS = 512  # the context's n_ubatch: the engine decodes one micro-batch 
 MIN_ROWS = 2  # rows a sequence decodes per micro-batch on the exact path
 STEM_MIN_SHARED = 16  # tokens a stem must save per prompt to be worth a step of its own
 
+# A cross-stream copy moves the whole source stream (every cell, every layer: llama.cpp's
+# kv_unified=false), so it costs by the stream's size, not by the tokens it keeps. Charged
+# as one row per this many cells: on the embedded model (docs/benchmarks.md, "What a copy
+# costs") a copy of a 4,352-cell stream took about as long as decoding 16 rows.
+COPY_CELLS_PER_ROW = 256
+
 Prompt = tuple[Sequence[int], Sequence[int]]  # tokens and the continuation tokens after them
+
+
+@dataclass(frozen=True)
+class PromptCost:
+    """What one prompt of a request adds to a pass: KV rows decoded, streams held, and
+    whole-stream copies made (its stem's or prefix's copy, one per continuation)."""
+
+    rows: int
+    sequences: int
+    copies: int
+
+
+@dataclass(frozen=True)
+class Price:
+    """A request's cost, prompt by prompt in request order, and what it is charged."""
+
+    prompts: tuple[PromptCost, ...]
+    copy_rows: int  # rows one whole-stream copy is charged as
+
+    def charge(self, start: int = 0) -> int:
+        """Its prompts' rows from `start` on, copies charged as rows: the work it queues
+        ahead of later requests, and (from 0) what SEMIF_MAX_REQUEST_TOKENS is charged, so
+        a request of many prompts pays for every pass and copy it needs."""
+        return sum(cost.rows + cost.copies * self.copy_rows for cost in self.prompts[start:])
+
+    def passes(self, pass_rows: int, max_sequences: int) -> int:
+        """Passes it needs alone (the scheduler packs others alongside, never fewer)."""
+        count, rows, sequences = 1, 0, 0
+        for cost in self.prompts:
+            if (rows or sequences) and (
+                rows + cost.rows > pass_rows or sequences + cost.sequences > max_sequences
+            ):
+                count, rows, sequences = count + 1, 0, 0
+            rows += cost.rows
+            sequences += cost.sequences
+        return count
+
+
+def price(
+    prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *, stream_cells: int
+) -> Price:
+    """What scoring these prompts (each with its label continuations) costs the engine.
+
+    A request's prompts about one state are neighbours, and what a prompt shares with the
+    one before it is decoded once (a stem): it adds its own tokens plus the `MIN_ROWS` the
+    exact path decodes again where prompts diverge, and each continuation decodes again
+    what its prompt does not share with the stem it copies, and its own token. Every sequence is one whole-stream copy,
+    charged by the stream's size (`COPY_CELLS_PER_ROW`). A prompt repeating the one before
+    it (with the same continuations) costs nothing: it always fits the same pass, where the
+    engine scores it once. What the planner decodes for the request alone on an empty
+    cache stays within this, but for a prefix a prompt shares with the one before it in
+    another stem (a template shared by two states: decoded once per stem), and the cache
+    may save more.
+    """
+    costs = []
+    for index, prompt in enumerate(prompts):
+        extra = len(continuations[index])
+        if index > 0 and _repeats(prompts, continuations, index):
+            costs.append(PromptCost(rows=0, sequences=0, copies=0))
+            continue
+        before = _shared(prompts, index, index - 1)
+        # Its continuations copy the stem its group decodes (what it shares with the nearest
+        # other prompt on either side, else all of it but the last MIN_ROWS) and decode the
+        # rest and a token.
+        earlier = next((i for i in range(index - 1, -1, -1) if prompts[i] != prompt), -1)
+        later = next((i for i in range(index + 1, len(prompts)) if prompts[i] != prompt), -1)
+        stem = max(_shared(prompts, index, earlier), _shared(prompts, index, later))
+        stem = stem or len(prompt) - MIN_ROWS
+        tail = len(prompt) - min(stem, len(prompt) - MIN_ROWS)
+        costs.append(
+            PromptCost(
+                rows=len(prompt) - before + MIN_ROWS + (tail + 1) * extra,
+                sequences=1 + extra,
+                copies=1 + extra,
+            )
+        )
+    return Price(tuple(costs), copy_rows=-(-stream_cells // COPY_CELLS_PER_ROW))
+
+
+def _shared(prompts: Sequence[Sequence[int]], index: int, other: int) -> int:
+    """What prompt `index` shares with prompt `other`, if a pass would decode it once (a
+    stem saves at least STEM_MIN_SHARED tokens); 0 otherwise or past either end."""
+    if not 0 <= other < len(prompts):
+        return 0
+    shared = common_prefix_length(prompts[index], prompts[other])
+    return shared if shared >= STEM_MIN_SHARED else 0
+
+
+def _repeats(
+    prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], index: int
+) -> bool:
+    return list(prompts[index]) == list(prompts[index - 1]) and set(continuations[index]) <= set(
+        continuations[index - 1]
+    )
+
+
+def distinct_tokens(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens in the prompts' prefix tree (the input a client is told it sent): neighbours
+    in sorted order share the most."""
+    ordered = sorted(tuple(prompt) for prompt in prompts)
+    shared = sum(common_prefix_length(left, right) for left, right in pairwise(ordered))
+    return sum(len(prompt) for prompt in ordered) - shared
 
 
 @dataclass(frozen=True)
@@ -253,24 +364,47 @@ class StreamCache:
         return max(len(tokens) - self.min_rows, 0)
 
     def _groups(self, targets: list[_Target]) -> list[_Group]:
-        """Targets in token order, grouped while their common prefix (their stem, short of
-        every member's last `min_rows` tokens) saves `STEM_MIN_SHARED` tokens over what each
-        member takes from a stream."""
+        """Targets in token order, cut into the runs that decode the fewest rows in all: a
+        run shares one stem (its common prefix, short of every member's last `min_rows`
+        tokens), decoded once, and must save `STEM_MIN_SHARED` tokens over what each member
+        takes from a stream to be worth a step of its own. A group has one stem, so the cut
+        matters: questions about two states that share only the template, grouped
+        together, would decode each state once per question. Exhaustive over the cuts
+        (a pass holds at most a few dozen sequences)."""
         order = sorted(targets, key=lambda target: target.tokens.tolist())
+        adjacent = [common_prefix(a.tokens, b.tokens) for a, b in pairwise(order)]
+        best = [0] + [-1] * len(order)  # rows of the best cut of order[:j]
+        start = [0] * (len(order) + 1)  # where its last run starts
+        for end in range(1, len(order) + 1):
+            common = len(order[end - 1].tokens)
+            for begin in range(end - 1, -1, -1):
+                members = order[begin:end]
+                if begin < end - 1:
+                    common = min(common, adjacent[begin])
+                    saved = self._stem(members, common) - max(m.reused for m in members)
+                    if saved < STEM_MIN_SHARED:
+                        break  # a longer run shares no more
+                rows = best[begin] + self._rows_of(members, common)
+                if best[end] < 0 or rows < best[end]:
+                    best[end], start[end] = rows, begin
         groups: list[_Group] = []
-        members = [order[0]]
-        common = len(order[0].tokens)
-        for before, target in pairwise(order):
-            joined = min(common, common_prefix(before.tokens, target.tokens))
-            grown = [*members, target]
-            saved = self._stem(grown, joined) - max(member.reused for member in grown)
-            if saved >= STEM_MIN_SHARED:
-                members, common = grown, joined
-                continue
+        end = len(order)
+        while end > 0:
+            begin = start[end]
+            members = order[begin:end]
+            common = min([len(members[0].tokens), *adjacent[begin : end - 1]])
             groups.append(self._group(members, common))
-            members, common = [target], len(target.tokens)
-        groups.append(self._group(members, common))
-        return groups
+            end = begin
+        return groups[::-1]
+
+    def _rows_of(self, members: list[_Target], common: int) -> int:
+        """Rows a group decodes: its stem once (after what its leader reuses), then every
+        member's tail."""
+        if len(members) == 1:
+            return len(members[0].tokens) - members[0].reused
+        stem = self._stem(members, common)
+        reused = max(member.reused for member in members)
+        return max(stem - reused, 0) + sum(len(member.tokens) - stem for member in members)
 
     def _stem(self, members: list[_Target], common: int) -> int:
         return min(common, *(self._cap(member.tokens) for member in members))

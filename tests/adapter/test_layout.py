@@ -1,4 +1,4 @@
-"""The stream planner (adapter.kv_layout) alone: pure bookkeeping, no llama.cpp."""
+"""The stream planner (adapter.core.layout) alone: pure bookkeeping, no llama.cpp."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from adapter.kv_layout import MIN_ROWS, UBATCH_ROWS, PassPlan, StreamCache
+from adapter.core.layout import (
+    COPY_CELLS_PER_ROW,
+    MIN_ROWS,
+    UBATCH_ROWS,
+    PassPlan,
+    StreamCache,
+    price,
+)
 
 Prompt = tuple[Sequence[int], Sequence[int]]
 TEMPLATE = list(range(1000, 1040))
@@ -236,3 +243,87 @@ def test_a_one_token_prompt_decodes_alone_and_never_cuts_its_neighbour_short() -
         mine = [row for row in batch if row.seq == long_stream]
         assert not mine or len(mine) >= MIN_ROWS
         assert len({row.seq for row in batch}) == 1  # the one-row stream rides alone
+
+
+# -- the one price function ---------------------------------------------------------------
+
+
+def _request(rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    """A request as clients send them: questions about up to three states (each its own
+    length), some repeated, some with label continuations; half the time grouped by state."""
+    lengths = {state: rng.randint(0, 300) for state in (1, 2, 3)}
+    prompts: list[list[int]] = []
+    continuations: list[list[int]] = []
+    for _ in range(rng.randint(1, 12)):
+        if prompts and rng.random() < 0.2:
+            prompts.append(list(prompts[-1]))
+            continuations.append(list(continuations[-1]))
+            continue
+        state = rng.randint(1, 3)
+        prompts.append(_prompt(state, rng.randint(1, 5) * 100, lengths[state]))
+        continuations.append(sorted(rng.sample(range(1, 30), rng.choice([0, 0, 2, 5]))))
+    if rng.random() < 0.5:
+        order = sorted(range(len(prompts)), key=lambda index: prompts[index][len(TEMPLATE)])
+        prompts = [prompts[index] for index in order]
+        continuations = [continuations[index] for index in order]
+    return prompts, continuations
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_price_bounds_what_a_request_alone_decodes_in_one_pass(seed: int) -> None:
+    """Invariant: on an empty cache, scoring a request's prompts in one pass decodes at most
+    the rows `price` gives them, but for the template once per state it also asks about
+    (the price credits a prefix shared with the prompt before, a pass decodes it once per
+    stem), and holds no more streams than it counts (repeats ride free). The scheduler packs
+    passes by these numbers and the request budget charges them."""
+    rng = random.Random(seed)
+    prompts, continuations = _request(rng)
+    cost = price(prompts, continuations, stream_cells=512)
+    cache = StreamCache(64, 512, exact=True)
+    distinct: dict[tuple[int, ...], set[int]] = {}
+    for prompt, extra in zip(prompts, continuations, strict=True):
+        distinct.setdefault(tuple(prompt), set()).update(extra)
+    plan = cache.plan([(list(p), sorted(e)) for p, e in distinct.items()])
+    states = len({prompt[len(TEMPLATE)] for prompt in prompts})
+    assert len(plan.rows) <= sum(c.rows for c in cost.prompts) + len(TEMPLATE) * states, seed
+    assert sum(c.sequences for c in cost.prompts) >= sum(1 + len(e) for e in distinct.values())
+
+
+def test_a_pass_cuts_its_stems_where_they_save_the_most() -> None:
+    """Questions about two states that share only the template: each state is decoded once
+    (not once per question, as one template-wide stem would), on an empty cache too."""
+    prompts = [(_prompt(state, q, 200), []) for state in (1, 2) for q in (100, 200, 300)]
+    plan = StreamCache(16, 512, exact=True).plan(prompts)
+    once = 2 * (len(TEMPLATE) + 200) + 6 * (20 + MIN_ROWS)
+    assert len(plan.rows) <= once
+
+
+def test_price_charges_copies_by_stream_size_and_repeats_nothing() -> None:
+    state = _prompt(1, 100)
+    cost = price([state, state, _prompt(1, 200)], [[5, 6], [5], []], stream_cells=1024)
+    first, repeat, sibling = cost.prompts
+    # Its two continuations copy the stem it shares with its sibling (template and state)
+    # and decode its 20-token question again, and their own token.
+    assert (first.rows, first.sequences, first.copies) == (
+        len(state) + MIN_ROWS + 2 * (20 + 1),
+        3,
+        3,
+    )
+    assert (repeat.rows, repeat.sequences, repeat.copies) == (0, 0, 0)
+    assert sibling.rows == 20 + MIN_ROWS  # only its question: the state is its neighbour's
+    assert cost.copy_rows == 1024 // COPY_CELLS_PER_ROW
+    per_copy = cost.copy_rows
+    assert cost.charge() == first.rows + sibling.rows + (3 + 1) * per_copy
+    assert cost.charge(2) == sibling.rows + per_copy  # what is left after two prompts
+    bigger = price([state], [[]], stream_cells=4096)
+    assert bigger.charge() - len(state) - MIN_ROWS == 4096 // COPY_CELLS_PER_ROW
+
+
+def test_price_counts_the_passes_a_request_needs_alone() -> None:
+    prompts = [_prompt(state, 100, 400) for state in range(1, 6)]  # ~462 rows each
+    cost = price(prompts, [[] for _ in prompts], stream_cells=512)
+    assert cost.passes(1024, 31) == 3  # two per pass
+    assert cost.passes(1024, 1) == 5  # one stream per pass
+    labelled = price([_prompt(1, 100)] * 2, [[1, 2, 3], [4]], stream_cells=512)
+    assert labelled.passes(1024, 31) == 1
+    assert labelled.passes(1024, 4) == 2  # 4 + 2 sequences

@@ -32,18 +32,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from adapter.cancel import Cancellation, deadline_error
-from adapter.engine import (
-    CancelledWorkError,
-    CapacityError,
-    Generation,
-    GenerationRun,
-    LlamaEngine,
-    NativeFailureError,
-    PromptScore,
-    Sampling,
-)
+from adapter.core.engine import LlamaEngine, PromptScore
+from adapter.core.failures import CancelledWorkError, CapacityError, NativeFailureError
+from adapter.core.generation import Generation, GenerationRun, Sampling
+from adapter.core.layout import Price, price
 from adapter.errors import ApiError, UnavailableError, shutting_down
-from adapter.kv_layout import MIN_ROWS, common_prefix_length
 from adapter.settings import QueueLimits
 
 LOG = logging.getLogger("adapter")
@@ -67,6 +60,7 @@ class JobTiming:
 class _Job:
     prompts: Sequence[Sequence[int]]
     continuations: Sequence[Sequence[int]]
+    price: Price  # adapter.core.layout: what each prompt adds to a pass
     deadline: float
     enqueued: float
     cancel: Cancellation
@@ -81,29 +75,6 @@ class _Job:
     reused: int = 0
     evaluated: int = 0
     pads: int = 0
-
-    costs: list[tuple[int, int]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.costs = [self._cost(index) for index in range(len(self.prompts))]
-
-    def _cost(self, index: int) -> tuple[int, int]:
-        """(KV rows, sequences) prompt `index` may add to a pass: a request's prompts about
-        one state are neighbours, and what a prompt shares with the one before it is
-        decoded once (adapter.kv_layout: MIN_ROWS of it again where they diverge, and each
-        label continuation decodes the prompt's last MIN_ROWS tokens and its own)."""
-        prompt = self.prompts[index]
-        shared = common_prefix_length(prompt, self.prompts[index - 1]) if index > 0 else 0
-        continuations = len(self.continuations[index])
-        return (
-            len(prompt) - shared + MIN_ROWS + (MIN_ROWS + 1) * continuations,
-            1 + continuations,
-        )
-
-    @property
-    def rows_left(self) -> int:
-        """Rows its prompts not yet scored will decode (the queue's work ahead of others)."""
-        return sum(rows for rows, _ in self.costs[self.done :])
 
 
 @dataclass
@@ -138,7 +109,7 @@ class Scheduler:
         self._queue: collections.deque[_Job] = collections.deque()
         self._chats: collections.deque[_ChatJob] = collections.deque()
         self._condition = threading.Condition()
-        self._stopping = False
+        self._closed = False  # set by close: the worker ends and nothing is served after
         self._pass_seconds = 0.5  # running estimate, for Retry-After
         # Seconds a priced row takes, measured over recent passes; None until one ran.
         self._row_seconds: float | None = None
@@ -157,11 +128,17 @@ class Scheduler:
         continuations: Sequence[Sequence[int]],
         deadline: float,
         cancel: Cancellation,
+        *,
+        cost: Price | None = None,
     ) -> _Job:
-        """Queue a scoring request (already validated); a full queue is a retryable 503."""
-        job = _Job(prompts, continuations, deadline, time.monotonic(), cancel)
+        """Queue a scoring request (already validated); a full queue or more work ahead than
+        it may wait is a retryable 503. `cost` is the request's price if the caller already
+        asked the layout for it (the service does, for the request budget)."""
+        if cost is None:
+            cost = price(prompts, continuations, stream_cells=self.engine.stream_cells)
+        job = _Job(prompts, continuations, cost, deadline, time.monotonic(), cancel)
         with self._condition:
-            self._admit(len(self._queue) + len(self._chats))
+            self._make_room(len(self._queue) + len(self._chats))
             self._refuse_if_overloaded()
             self._queue.append(job)
             self._condition.notify()
@@ -179,13 +156,16 @@ class Scheduler:
     ) -> _ChatJob:
         job = _ChatJob(prompt, max_new_tokens, sampling, stop, deadline, cancel)
         with self._condition:
-            self._admit(len(self._queue) + len(self._chats))
+            self._make_room(len(self._queue) + len(self._chats))
             self._chats.append(job)
             self._condition.notify()
         return job
 
-    def _admit(self, waiting: int) -> None:
-        if self._stopping:
+    def _make_room(self, waiting: int) -> None:
+        """Whether the queue has room. Who may enter at all (loading, unhealthy, stopping)
+        is decided once, by adapter.runtime's admission; the queue only refuses what it
+        cannot hold, and after `close` (a request admitted just before shutdown) nothing."""
+        if self._closed:
             raise shutting_down()
         if waiting >= self.max_queue:
             raise UnavailableError(
@@ -195,6 +175,12 @@ class Scheduler:
                 cause="queue_full",
             )
 
+    def seconds_for(self, price: Price) -> float | None:
+        """How long the request's own passes take at the speed of recent passes (None until
+        a pass has measured it). Read on request threads: one float, written by the worker."""
+        per_row = self._row_seconds
+        return None if per_row is None else price.charge() * per_row
+
     def _refuse_if_overloaded(self) -> None:
         """Refuse at once, not after the wait: when the work queued ahead, at the speed of
         recent passes, already takes longer than SEMIF_QUEUE_TIMEOUT_S, a request admitted
@@ -202,7 +188,7 @@ class Scheduler:
         client's retries do the waiting, without holding a place in the queue)."""
         if self._row_seconds is None:
             return
-        ahead = sum(job.rows_left for job in self._queue)
+        ahead = sum(job.price.charge(job.done) for job in self._queue)
         wait = ahead * self._row_seconds
         if wait > self.queue_timeout_seconds:
             raise UnavailableError(
@@ -222,7 +208,7 @@ class Scheduler:
         """Stop the worker (failing whatever waits with a retryable 503); False if a pass
         still runs after `wait_seconds`."""
         with self._condition:
-            self._stopping = True
+            self._closed = True
             self._condition.notify_all()
         self._thread.join(wait_seconds)
         return not self._thread.is_alive()
@@ -233,9 +219,9 @@ class Scheduler:
         generation: tuple[_ChatJob, GenerationRun] | None = None
         while True:
             with self._condition:
-                while not self._stopping and not self._queue and not self._chats and not generation:
+                while not self._closed and not self._queue and not self._chats and not generation:
                     self._condition.wait()
-                if self._stopping:
+                if self._closed:
                     self._fail_all(generation)
                     return
                 batch = self._take_pass()
@@ -259,15 +245,15 @@ class Scheduler:
                 break
             end = job.done
             while end < len(job.prompts):
-                cost_rows, cost_sequences = job.costs[end]
-                fits = (
-                    rows + cost_rows <= self.pass_rows
-                    and sequences + cost_sequences <= self.engine.max_branches
+                cost = job.price.prompts[end]
+                fits = cost.sequences == 0 or (  # a repeat rides with the prompt it repeats
+                    rows + cost.rows <= self.pass_rows
+                    and sequences + cost.sequences <= self.engine.max_branches
                 )
                 if not fits and (taken or end > job.done):
                     break
-                rows += cost_rows
-                sequences += cost_sequences
+                rows += cost.rows
+                sequences += cost.sequences
                 end += 1
             if end == job.done:
                 break  # arrival order: nobody overtakes a request that does not fit
@@ -323,7 +309,7 @@ class Scheduler:
             return
         seconds = time.monotonic() - started
         self._pass_seconds = 0.8 * self._pass_seconds + 0.2 * seconds
-        priced = sum(rows for job, start, end in batch for rows, _ in job.costs[start:end])
+        priced = sum(job.price.charge(start) - job.price.charge(end) for job, start, end in batch)
         per_row = seconds / max(priced, 1)
         self._row_seconds = (
             per_row if self._row_seconds is None else 0.8 * self._row_seconds + 0.2 * per_row

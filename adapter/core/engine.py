@@ -1,0 +1,391 @@
+"""The llama.cpp context and its KV cache: passes that score prompts by last-position logits.
+
+The KV cache is one stream per sequence (adapter/core/layout.py plans where every token
+goes). Two kinds of reuse make scoring cheap:
+- across calls, every stream keeps the last prompt decoded into it, and a new prompt starts
+  from the stream sharing its longest prefix (a copy of that prefix into its own stream);
+- within one call, what several prompts share beyond that (a state asked several questions)
+  is decoded once and copied to each before their own tokens are decoded together.
+A prompt may also ask for the logits after some continuation tokens (a two-token answer
+label needs P(second | first)): each continuation is one more sequence, the prompt with that
+token appended, decoded in the same pass. Scoring generates nothing; `start_generation`
+(chat, adapter/core/generation.py) samples tokens into a stream of its own.
+
+Threads: the context, the KV cache and its plan (`score`, `reset`, the stream operations a
+generation uses, `close`) belong to the scheduler's worker alone; start-up probes call
+`score` before the worker exists. `vocab` (adapter/core/vocab.py) is the one part request
+threads use. Weights are read into memory at load (no mmap), so the file can change on disk
+without changing what is served. A `cancel` event (set at shutdown) aborts a load, and
+stops scoring and generation at the next decode boundary.
+
+It knows tokens, logits and the KV cache, nothing about decisions: prompts, labels and
+readout live in the modules that use it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+import llama_cpp._logger
+import numpy as np
+import numpy.typing as npt
+
+from adapter.core.failures import (
+    CancelledWorkError,
+    CapacityError,
+    ModelLoadError,
+    NativeFailureError,
+)
+from adapter.core.generation import GenerationRun, Sampling
+from adapter.core.layout import UBATCH_ROWS, Copy, PassPlan, Row, StreamCache
+from adapter.core.native import load_weights, require_kv_stream_binding
+from adapter.core.vocab import Vocabulary
+from adapter.weight_buffers import CpuBackend, WeightBuffers
+
+# KV streams: each holds one sequence of up to `stream_cells` tokens. A pass decodes at most
+# all but one of them (one is kept for a generation); a question with letter-digit labels
+# needs 27 (its prompt and one continuation per first letter).
+KV_STREAMS = 32
+KV_PAD_CELLS = 256  # llama.cpp rounds a stream's size up to this
+# Rows one pass takes: enough to share a template and a state across many prompts, few
+# enough that a request waiting behind a pass is not kept long.
+PASS_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class PromptScore:
+    """Last-position logits of one prompt and how its tokens were obtained.
+
+    `next_logits` maps each requested continuation token to the logits that follow it.
+    """
+
+    logits: npt.NDArray[np.float32]
+    input_tokens: int
+    next_logits: dict[int, npt.NDArray[np.float32]] = field(default_factory=dict)
+    reused_tokens: int = 0  # taken from a resident prefix
+    rows: frozenset[int] = frozenset()  # rows of the pass on its path (shared ones too)
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """What one pass cost: tokens reused from resident streams, rows decoded (shared tokens
+    once), of those the rows decoded again only because the exact path stops reuse short
+    (`pad_tokens`), and the time."""
+
+    input_tokens: int
+    reused_tokens: int
+    evaluated_tokens: int
+    pad_tokens: int
+    seconds: float
+
+
+class LlamaEngine:
+    """Owns the native model and context; frees both on close()."""
+
+    def __init__(
+        self,
+        gguf: Path,
+        *,
+        stream_cells: int,
+        max_branches: int,
+        threads: int | None,
+        n_gpu_layers: int,
+        weight_buffers: WeightBuffers,
+        cpu: CpuBackend,
+        prefix_reuse: bool = True,
+        exact: bool = True,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        require_kv_stream_binding()
+        if stream_cells < 1:
+            raise ModelLoadError(f"a KV stream needs at least one cell, not {stream_cells}")
+        stream_cells = KV_PAD_CELLS * -(-stream_cells // KV_PAD_CELLS)
+        llama_cpp._logger.set_verbose(False)  # native INFO chatter off; errors still print
+        llama_cpp.llama_backend_init()
+        self._cancel = cancel or threading.Event()
+        loaded = load_weights(
+            gguf,
+            n_gpu_layers=n_gpu_layers,
+            weight_buffers=weight_buffers,
+            cpu=cpu,
+            cancel=self._cancel,
+        )
+        self._model: llama_cpp.llama_model_p | None = loaded.model
+        self.weights = loaded.placement
+        self.vocab = Vocabulary(self._model)
+        context_params = llama_cpp.llama_context_default_params()
+        context_params.n_ctx = KV_STREAMS * stream_cells
+        context_params.n_batch = UBATCH_ROWS  # the plan decodes one micro-batch per call
+        context_params.n_ubatch = UBATCH_ROWS
+        self.max_branches = max(1, min(max_branches, KV_STREAMS - 1))
+        context_params.n_seq_max = KV_STREAMS
+        context_params.kv_unified = False  # a stream per sequence: a row attends to its own
+        # Flash attention's CPU kernel picks its summation path by row count: off when exact.
+        context_params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            if exact
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        )
+        n_threads = threads or os.cpu_count() or 1
+        context_params.n_threads = n_threads
+        context_params.n_threads_batch = n_threads
+        self._context = llama_cpp.llama_init_from_model(self._model, context_params)
+        if not self._context:
+            llama_cpp.llama_model_free(self._model)
+            raise ModelLoadError(
+                f"llama.cpp could not create {KV_STREAMS} KV streams of {stream_cells} cells"
+            )
+        self._memory = llama_cpp.llama_get_memory(self._context)
+        self.stream_cells = stream_cells
+        self.threads = n_threads
+        self.prefix_reuse = prefix_reuse
+        self.exact = exact
+        # Recurrent layers (Mamba, RWKV; hybrid models such as Qwen3.5) keep one state per
+        # sequence, after its last token: prefixes are reused only where a stream ends.
+        self.recurrent = bool(
+            llama_cpp.llama_model_is_recurrent(self._model)
+            or llama_cpp.llama_model_is_hybrid(self._model)
+        )
+        self.cache = StreamCache(KV_STREAMS, stream_cells, exact=exact, whole_only=self.recurrent)
+        self.pass_rows = PASS_ROWS
+        self.resets = 0  # times every stream was emptied (a generation re-reads after one)
+
+    def description(self) -> dict[str, object]:
+        return {
+            "n_vocab": self.vocab.n_vocab,
+            "n_ctx_train": int(llama_cpp.llama_model_n_ctx_train(self._model)),
+            "kv_streams": KV_STREAMS,
+            "stream_cells": self.stream_cells,
+            "max_branches": self.max_branches,
+            "threads": self.threads,
+            "prefix_reuse": self.prefix_reuse,
+            "exact_scoring": self.exact,
+            "recurrent_memory": self.recurrent,
+            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+            "weight_buffers": self.weights.summary(),
+        }
+
+    # -- scoring -------------------------------------------------------------------------
+
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]] | None = None,
+        *,
+        continuing: bool = False,
+    ) -> tuple[list[PromptScore], BatchTiming]:
+        """Score every prompt in one pass; prompts share whatever prefix they have in
+        common with each other and with the resident prefixes of earlier passes.
+
+        `continuations[i]` lists tokens whose next-token logits are wanted after prompt i
+        (each costs one extra row and sequence). Identical prompts are scored once. The
+        layout (adapter/kv_layout.py) makes every result independent of what the cache
+        held and of what else rode in the pass. With prefix reuse off the cache is emptied
+        first, unless the caller says the pass is `continuing` requests that the passes
+        just before began: a request larger than one pass then decodes its state once.
+        """
+        if not prompts or any(len(prompt) == 0 for prompt in prompts):
+            raise ValueError("every prompt needs at least one token")
+        extra = continuations if continuations is not None else [()] * len(prompts)
+        if len(extra) != len(prompts):
+            raise ValueError("give one continuation list per prompt")
+        longest = max(
+            len(prompt) + len(tokens) for prompt, tokens in zip(prompts, extra, strict=True)
+        )
+        if longest > self.stream_cells:
+            # Checked before any decode: llama.cpp aborts the process on an oversized batch.
+            raise CapacityError(
+                f"a prompt needs {longest} KV cells; a stream has {self.stream_cells}"
+            )
+        distinct: dict[tuple[int, ...], set[int]] = {}
+        for prompt, tokens in zip(prompts, extra, strict=True):
+            distinct.setdefault(tuple(prompt), set()).update(tokens)
+        unique = [(prompt, sorted(tokens)) for prompt, tokens in distinct.items()]
+        sequences = sum(1 + len(tokens) for _, tokens in unique)
+        if sequences > self.max_branches:
+            raise CapacityError(
+                f"the pass needs {sequences} sequences; at most {self.max_branches} fit"
+            )
+        if not (self.prefix_reuse or continuing):
+            self.reset()
+        started = time.perf_counter()
+        try:
+            self.check_cancel()
+            try:
+                plan = self.cache.plan(unique)
+            except OverflowError as error:
+                raise CapacityError(str(error)) from None
+            outputs = self._run_pass(plan)
+        except BaseException:
+            self.reset()  # whatever failed, the streams no longer match the plan
+            raise
+        self.cache.commit(plan)
+        by_prompt = {}
+        for (prompt, tokens), prompt_plan in zip(unique, plan.prompts, strict=True):
+            by_prompt[prompt] = PromptScore(
+                logits=outputs[prompt_plan.last_row],
+                input_tokens=len(prompt),
+                next_logits={
+                    token: outputs[row]
+                    for token, row in zip(tokens, prompt_plan.continuation_rows, strict=True)
+                },
+                reused_tokens=prompt_plan.reused,
+                rows=prompt_plan.new_rows,
+            )
+        scores = [by_prompt[tuple(prompt)] for prompt in prompts]
+        timing = BatchTiming(
+            input_tokens=sum(len(prompt) for prompt in prompts),
+            reused_tokens=sum(prompt_plan.reused for prompt_plan in plan.prompts),
+            evaluated_tokens=len(plan.rows),
+            pad_tokens=plan.redecoded,
+            seconds=time.perf_counter() - started,
+        )
+        return scores, timing
+
+    def _run_pass(self, plan: PassPlan) -> dict[int, npt.NDArray[np.float32]]:
+        """Execute a pass plan step by step: copies and cuts, then one decode per
+        micro-batch. Returns the logits of every row a prompt reads."""
+        wanted = set(plan.output_rows)
+        outputs: dict[int, npt.NDArray[np.float32]] = {}
+        first_row = 0
+        for step in plan.steps:
+            for copy in step.copies:
+                self.take(copy)
+            for rows in step.micro_batches:
+                self.check_cancel()
+                self._decode_rows(rows)
+                for index in range(len(rows)):
+                    if first_row + index in wanted:
+                        outputs[first_row + index] = self._logits(index)
+                first_row += len(rows)
+        for seq in plan.released:
+            self._remove(seq, 0)
+        return outputs
+
+    def _decode_rows(self, rows: Sequence[Row]) -> None:
+        batch = llama_cpp.llama_batch_init(len(rows), 0, 1)
+        try:
+            for index, row in enumerate(rows):
+                self._put(batch, index, row.token, row.position, [row.seq], wants_logits=row.logits)
+            batch.n_tokens = len(rows)
+            self._decode(batch)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def _logits(self, row: int) -> npt.NDArray[np.float32]:
+        pointer = llama_cpp.llama_get_logits_ith(self._context, row)
+        if not pointer:
+            raise NativeFailureError(f"llama.cpp returned no logits for batch row {row}")
+        return np.ctypeslib.as_array(pointer, shape=(self.vocab.n_vocab,)).copy()
+
+    # -- the stream operations (worker only; a generation uses them as its StreamHost) ----
+
+    def take(self, copy: Copy) -> None:
+        """A stream takes another's first `keep` cells (a whole-stream copy, then a cut)."""
+        if copy.source is not None:
+            llama_cpp.llama_memory_seq_cp(self._memory, copy.source, copy.target, -1, -1)
+        self._remove(copy.target, copy.keep)
+
+    def empty(self, seq: int) -> None:
+        """Drop every cell of a stream (nothing to do once the context is freed)."""
+        if self._context:
+            self._remove(seq, 0)
+
+    def _remove(self, seq: int, keep: int) -> None:
+        """Drop a stream's cells from position `keep` on. A model whose memory cannot drop a
+        sequence's tail (recurrent or hybrid layers) refuses; reusing a prefix there would
+        give wrong logits, so this fails instead."""
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq, keep if keep > 0 else -1, -1):
+            raise NativeFailureError(
+                f"llama.cpp could not drop sequence {seq} from position {keep}: this model's "
+                "memory cannot keep a prefix (recurrent layers)"
+            )
+
+    def decode_tokens(self, seq: int, tokens: Sequence[int], start: int) -> None:
+        """Decode tokens[start:] into `seq`, a micro-batch at a time (logits for the last)."""
+        last = len(tokens) - 1
+        for begin in range(start, len(tokens), UBATCH_ROWS):
+            self._decode_rows(
+                [
+                    Row(int(tokens[position]), position, seq, position == last)
+                    for position in range(begin, min(begin + UBATCH_ROWS, len(tokens)))
+                ]
+            )
+
+    def sample(self, sampler: llama_cpp.llama_sampler_p) -> int:
+        """A token drawn from the last decode's logits."""
+        return int(llama_cpp.llama_sampler_sample(sampler, self._context, -1))
+
+    def check_cancel(self) -> None:
+        if self._cancel.is_set():
+            raise CancelledWorkError("cancelled: the server is shutting down")
+
+    def reset(self) -> None:
+        """Forget every cached token (after a failure, or to measure without reuse). A
+        generation in progress sees `resets` change and re-reads its context. The cells'
+        data stays: attention weighs a cell no sequence holds by exactly 0."""
+        llama_cpp.llama_memory_clear(self._memory, False)
+        self.cache.clear()
+        self.resets += 1
+
+    # -- generation (chat) ----------------------------------------------------------------
+
+    def start_generation(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        stop: Sequence[str] = (),
+    ) -> GenerationRun:
+        """Begin sampling up to `max_new_tokens` after `prompt` in a sequence of its own;
+        `GenerationRun.step` decodes one token at a time, so scoring passes can run between
+        steps. One generation at a time (it holds the one reserved stream)."""
+        if not prompt or max_new_tokens < 1:
+            raise ValueError("generation needs a prompt and at least one new token")
+        if len(prompt) + max_new_tokens > self.stream_cells:
+            raise CapacityError(
+                f"{len(prompt)} prompt tokens plus {max_new_tokens} new tokens need more KV "
+                f"cells than a stream has ({self.stream_cells})"
+            )
+        if self.cache.reserved:
+            raise RuntimeError("a generation is already running")
+        return GenerationRun(self, self.vocab, list(prompt), max_new_tokens, sampling, stop)
+
+    @staticmethod
+    def _put(
+        batch: llama_cpp.llama_batch,
+        row: int,
+        token: int,
+        position: int,
+        sequences: Sequence[int],
+        *,
+        wants_logits: bool,
+    ) -> None:
+        batch.token[row] = token
+        batch.pos[row] = position  # type: ignore[call-overload]  # binding mistypes pos
+        batch.n_seq_id[row] = len(sequences)
+        for index, sequence in enumerate(sequences):
+            batch.seq_id[row][index] = sequence
+        batch.logits[row] = wants_logits
+
+    def _decode(self, batch: llama_cpp.llama_batch) -> None:
+        status = llama_cpp.llama_decode(self._context, batch)
+        if status == 1:
+            raise CapacityError("llama.cpp found no KV cache slot for the batch")
+        if status != 0:
+            raise NativeFailureError(f"llama_decode failed with status {status}")
+
+    def close(self) -> None:
+        if getattr(self, "_context", None):
+            llama_cpp.llama_free(self._context)
+            self._context = None
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None

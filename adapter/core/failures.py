@@ -1,0 +1,23 @@
+"""How the serving core fails, as types the service maps to answers (adapter.errors).
+
+They are the core's vocabulary for "what went wrong": the service and the scheduler decide
+what each means to a caller (a retryable 503, a start error, an unhealthy instance).
+"""
+
+from __future__ import annotations
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be served: load failure, missing chat template or unusable letters."""
+
+
+class NativeFailureError(RuntimeError):
+    """llama.cpp reported an internal error; the context can no longer be trusted."""
+
+
+class CapacityError(RuntimeError):
+    """A batch did not fit the KV cache; the request can be retried smaller."""
+
+
+class CancelledWorkError(RuntimeError):
+    """The work was cancelled (the server is shutting down); the KV cache was reset."""

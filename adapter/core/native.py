@@ -1,0 +1,181 @@
+"""Start-up's native steps: check the binding, read the weights into memory, say where.
+
+Runs once, on the loading thread, before the engine's context exists. The checks turn an
+ABI mismatch between the binding and libllama into a start error naming the cause, instead
+of a failure deep inside a request.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import llama_cpp._logger
+
+from adapter.core.failures import CancelledWorkError, ModelLoadError
+from adapter.weight_buffers import (
+    BufferChoice,
+    CpuBackend,
+    WeightBufferError,
+    WeightBuffers,
+    check_landed,
+    choose_buffers,
+)
+
+_ALL_LAYERS = 1_000_000
+# llama.cpp's load log names every buffer the weights went to, with its size.
+_BUFFER_LINE = re.compile(r"^\S+:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+
+
+def require_kv_stream_binding() -> None:
+    """Refuse a binding that cannot ask for one KV stream per sequence.
+
+    Setting an unknown field on a ctypes structure silently creates a Python attribute, so
+    an older binding would ignore `kv_unified` and the streams, and scoring would fail later,
+    deep inside a request. The images build the binding from a pinned commit; this turns an
+    ABI mismatch into a start error that names the cause.
+    """
+    fields = {name for name, *_ in llama_cpp.llama_context_params._fields_}
+    missing = [name for name in ("kv_unified", "n_seq_max") if name not in fields]
+    missing += [
+        name
+        for name in ("llama_memory_seq_cp", "llama_memory_seq_rm", "llama_get_memory")
+        if not hasattr(llama_cpp, name)
+    ]
+    if missing:
+        raise ModelLoadError(
+            f"the llama-cpp-python binding lacks {', '.join(missing)}; it must match a "
+            "llama.cpp with the llama_memory_* API and per-sequence KV streams"
+        )
+
+
+def read_weights_into_memory(params: llama_cpp.llama_model_params) -> None:
+    """Load without mmap: with a mapped file, bytes rewritten in place after the sha256
+    check would be served under the verified identity. Bindings spell this `load_mode`
+    (newer) or `use_mmap` (older, the DLC's pin); setting a field a ctypes structure lacks
+    silently does nothing, so the field is looked up first."""
+    fields = {name for name, *_ in llama_cpp.llama_model_params._fields_}
+    if "load_mode" in fields:
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+        if "lazy_mode" in fields:
+            params.lazy_mode = llama_cpp.LLAMA_LAZY_MODE_OFF  # lazy reading needs mmap
+    elif "use_mmap" in fields:
+        params.use_mmap = False
+    else:
+        raise ModelLoadError(
+            "the llama-cpp-python binding has neither load_mode nor use_mmap; cannot load "
+            "the weights into memory"
+        )
+
+
+def restrict_weight_buffers(params: llama_cpp.llama_model_params, choice: BufferChoice) -> None:
+    """Apply the weight-buffer choice to the load parameters. A binding without
+    `use_extra_bufts` (setting an unknown ctypes field silently does nothing) cannot turn
+    llama.cpp's extra buffer types off, so such a choice is refused, not ignored."""
+    fields = {name for name, *_ in llama_cpp.llama_model_params._fields_}
+    if "use_extra_bufts" in fields:
+        params.use_extra_bufts = choice.use_extra
+    elif not choice.use_extra:
+        raise WeightBufferError(
+            "the llama-cpp-python binding has no llama_model_params.use_extra_bufts, so "
+            f"llama.cpp's extra weight buffers cannot be turned off ({choice.reason}); use a "
+            "binding that matches the library, or SEMIF_WEIGHT_BUFFERS=all to accept them"
+        )
+
+
+@contextmanager
+def capture_model_buffers() -> Iterator[dict[str, float]]:
+    """Collect llama.cpp's `<buffer> model buffer size = <MiB>` load lines while the block
+    runs (the mapping fills in as they arrive), passing every line on to the binding's own
+    logger. The log callback is process-wide: one load at a time, as the server does."""
+    landed: dict[str, float] = {}
+    forward = llama_cpp._logger.llama_log_callback
+
+    def record(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        match = _BUFFER_LINE.match(text.decode("utf-8", errors="replace").strip())
+        if match:
+            landed[match.group(1)] = landed.get(match.group(1), 0.0) + float(match.group(2))
+        forward(level, text, user_data)
+
+    callback = llama_cpp.llama_log_callback(record)  # referenced until the restore below
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    try:
+        yield landed
+    finally:
+        llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+
+
+@dataclass(frozen=True)
+class WeightPlacement:
+    """Where the weights went and why: the CPU backend's report, the buffer-type choice
+    made from it, and the buffers (name -> MiB) llama.cpp loaded them into."""
+
+    cpu: CpuBackend
+    choice: BufferChoice
+    landed: dict[str, float]
+
+    def describe(self) -> str:
+        """One log line: what an operator needs to read a native crash at the first decode."""
+        buffers = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in self.landed.items())
+        refused = ", ".join(self.choice.refused) or "none"
+        return (
+            f"llama.cpp CPU features: {self.cpu.describe()}; extra weight buffer types "
+            f"offered: {', '.join(self.choice.offered) or 'none'}; refused: {refused} "
+            f"(SEMIF_WEIGHT_BUFFERS={self.choice.setting}: {self.choice.reason}); weights "
+            f"in: {buffers or 'not reported'}"
+        )
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "setting": self.choice.setting,
+            "offered": list(self.choice.offered),
+            "refused": list(self.choice.refused),
+            "weights_in": sorted(self.landed),
+        }
+
+
+@dataclass(frozen=True)
+class LoadedWeights:
+    """A native model (freed by its owner, the engine) and where its weights went."""
+
+    model: llama_cpp.llama_model_p
+    placement: WeightPlacement
+
+
+def load_weights(
+    gguf: Path,
+    *,
+    n_gpu_layers: int,
+    weight_buffers: WeightBuffers,
+    cpu: CpuBackend,
+    cancel: threading.Event,
+) -> LoadedWeights:
+    """Read the GGUF into memory in the buffer types the policy allows; `cancel` (set at
+    shutdown) aborts the load. Weights that landed where the policy refused are freed and
+    refused."""
+    model_params = llama_cpp.llama_model_default_params()
+    model_params.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
+    read_weights_into_memory(model_params)
+    choice = choose_buffers(weight_buffers, cpu)
+    restrict_weight_buffers(model_params, choice)
+    # Returning False aborts the load; referenced until the load returns.
+    progress = llama_cpp.llama_progress_callback(lambda progress, data: not cancel.is_set())
+    model_params.progress_callback = progress
+    with capture_model_buffers() as landed:
+        model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), model_params)
+    if not model:
+        if cancel.is_set():
+            raise CancelledWorkError("model load cancelled: the server is shutting down")
+        raise ModelLoadError(f"llama.cpp could not load {gguf}")
+    try:
+        check_landed(choice, landed)
+    except WeightBufferError:
+        llama_cpp.llama_model_free(model)
+        raise
+    return LoadedWeights(model, WeightPlacement(cpu, choice, landed))
