@@ -56,7 +56,13 @@ def create_app(
         if runtime.healthy and runtime.service is not None:
             model = runtime.service.model
             return json_response(
-                200, {"status": "ok", "model": model.get("file"), "backends": model.get("backends")}
+                200,
+                {
+                    "status": "ok",
+                    "model": model.get("file"),
+                    "backends": model.get("backends"),
+                    "serving": model.get("serving"),  # the KV cache's real size among them
+                },
             )
         if runtime.stopping:
             return json_response(503, {"status": "stopping", "error": "server is shutting down"})

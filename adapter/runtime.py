@@ -73,6 +73,7 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
             cpu=cpu_backend(settings.llama_lib_path),
             prefix_reuse=settings.prefix_reuse,
             exact=settings.exact_scoring,
+            kv_budget=settings.kv_memory,
             cancel=cancel,
         )
     )

@@ -15,11 +15,11 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from adapter.cancel import Cancellation, deadline_error
-from adapter.core.engine import LlamaEngine
+from adapter.core.engine import LlamaEngine, PromptScore
 
 # Chat's request and answer types, re-exported: the chat API (adapter.chat) reaches the
 # core only through this module.
@@ -206,13 +206,15 @@ class DecisionService:
         labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
         firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]
         token_lists = [tokens for _, tokens in prompts]
-        cost = price(token_lists, firsts, stream_cells=self.engine.stream_cells)
+        owners, sent, continuations = self._fit_passes(token_lists, firsts)
+        cost = price(sent, continuations, stream_cells=self.engine.stream_cells)
         self._check_budget(cost, paths[0].split("[")[0].split(".")[0])
         cancel = cancel or Cancellation()
         job = self.scheduler.submit(
-            token_lists, firsts, started + self.limits.request_timeout_seconds, cancel, cost=cost
+            sent, continuations, started + self.limits.request_timeout_seconds, cancel, cost=cost
         )
-        scores, timing = self._wait(job.future, cancel, started)
+        parts, timing = self._wait(job.future, cancel, started)
+        scores = _joined(owners, parts)
         try:
             readouts = [
                 read_labels(score.logits, score.next_logits, group)
@@ -230,6 +232,22 @@ class DecisionService:
             total_seconds=time.monotonic() - started,
             distinct_input_tokens=distinct_tokens(token_lists),
         )
+
+    def _fit_passes(
+        self, prompts: list[list[int]], firsts: list[list[int]]
+    ) -> tuple[list[int], list[list[int]], list[list[int]]]:
+        """Each prompt with as many of its label continuations as one pass has streams for
+        beside it, repeated for the rest (a small KV budget, adapter.kv_memory): what is
+        sent, and the index of the prompt each entry belongs to. A repeat is resident after
+        the first, so only its continuations are decoded again."""
+        per_pass = self.engine.max_branches - 1
+        owners, sent, continuations = [], [], []
+        for index, (tokens, wanted) in enumerate(zip(prompts, firsts, strict=True)):
+            for start in range(0, max(len(wanted), 1), per_pass):
+                owners.append(index)
+                sent.append(tokens)
+                continuations.append(wanted[start : start + per_pass])
+        return owners, sent, continuations
 
     def _check_budget(self, cost: Price, path: str) -> None:
         """Refuse, before it queues, a request over SEMIF_MAX_REQUEST_TOKENS (what the layout
@@ -290,3 +308,16 @@ class DecisionService:
             cancel=cancel,
         )
         return self._wait(job.future, cancel, started)
+
+
+def _joined(owners: Sequence[int], parts: Sequence[PromptScore]) -> list[PromptScore]:
+    """One score per prompt from the entries `_fit_passes` sent: the first entry's logits
+    (every entry of a prompt scores it bit-identically) with every entry's continuations."""
+    joined: list[PromptScore] = []
+    for owner, part in zip(owners, parts, strict=True):
+        if owner < len(joined):
+            first = joined[owner]
+            joined[owner] = replace(first, next_logits={**first.next_logits, **part.next_logits})
+        else:
+            joined.append(part)
+    return joined

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from adapter.kv_memory import AUTO, KvBudget, KvMemoryError
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from model_build.calibration import OPTION_ORDERS, OptionOrder
 
@@ -103,6 +104,8 @@ class Settings:
     option_order: OptionOrder = "canonical"
     # Which of llama.cpp's extra weight buffer types may hold weights (adapter.weight_buffers).
     weight_buffers: WeightBuffers = "auto"
+    # What the KV cache may take; the number of streams follows (adapter.kv_memory).
+    kv_memory: KvBudget = field(default_factory=lambda: KvBudget(AUTO))
 
     @property
     def queue_limits(self) -> QueueLimits:
@@ -117,7 +120,7 @@ class Settings:
     @property
     def stream_cells(self) -> int:
         """Cells of one KV stream: the longest prompt and one label continuation token (the
-        engine keeps KV_STREAMS of them, so memory grows with SEMIF_MAX_TOKENS)."""
+        engine keeps as many streams as SEMIF_KV_MEMORY holds)."""
         return self.max_tokens + 1
 
     @property
@@ -308,4 +311,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         weight_buffers=_choice(
             env, "SEMIF_WEIGHT_BUFFERS", WEIGHT_BUFFERS, Settings.weight_buffers
         ),
+        kv_memory=_kv_memory(env),
     )
+
+
+def _kv_memory(env: Mapping[str, str]) -> KvBudget:
+    text = env.get("SEMIF_KV_MEMORY", "").strip()
+    if not text:
+        return KvBudget(AUTO)
+    try:
+        return KvBudget.parse(text)
+    except KvMemoryError as error:
+        raise SettingsError(str(error)) from None

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from adapter.calibration import CalibrationMismatchError, check_calibration
+from adapter.kv_memory import KvBudget
 from adapter.settings import SettingsError, load_settings
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from cdk_constructs.alarm_topic import require_email
@@ -62,6 +63,31 @@ SCALE_OUT_BATCH_FRACTION = 0.75
 # SageMaker CPU families on Intel Xeon 4th generation (Sapphire Rapids) and later, whose CPUs
 # offer AMX: llama.cpp's AMX weight buffers crash there (adapter/weight_buffers.py).
 AMX_INSTANCE_FAMILIES = ("c7i", "m7i", "r7i", "c8i", "m8i", "r8i")
+
+
+# Memory of SageMaker's general CPU families, per vCPU, and vCPUs by size: what a KV budget
+# given in bytes is checked against at synth.
+_GIB_PER_VCPU = {"c": 2, "m": 4, "r": 8}
+_VCPUS = {
+    "large": 2,
+    "xlarge": 4,
+    "2xlarge": 8,
+    "4xlarge": 16,
+    "8xlarge": 32,
+    "12xlarge": 48,
+    "16xlarge": 64,
+    "24xlarge": 96,
+}
+# Of an instance's memory, what the KV cache may take: the rest holds the weights and the OS.
+KV_MEMORY_SHARE = 0.5
+
+
+def instance_memory_bytes(instance_type: str) -> int | None:
+    """Memory of `ml.<family>.<size>` for the c, m and r families; None for others."""
+    _, family, size = instance_type.split(".")
+    per_vcpu = _GIB_PER_VCPU.get(family[0]) if family[1:2].isdigit() else None
+    vcpus = _VCPUS.get(size)
+    return None if per_vcpu is None or vcpus is None else per_vcpu * vcpus << 30
 
 
 def has_amx(instance_type: str) -> bool:
@@ -234,6 +260,9 @@ class DecisionEndpointSettings:
     max_request_tokens: int = 16384
     # SEMIF_WEIGHT_BUFFERS: the adapter refuses AMX weight buffers itself (`auto`), at load.
     weight_buffers: WeightBuffers = "auto"
+    # SEMIF_KV_MEMORY: what the KV cache may take (adapter/kv_memory.py): auto, bytes
+    # (checked against a CPU instance's memory here) or a fraction of the container's.
+    kv_memory: str = "auto"
 
     def __post_init__(self) -> None:
         try:  # a canary/linear step must fit the fewest instances the variant can have
@@ -260,14 +289,44 @@ class DecisionEndpointSettings:
             )
         _require(self.max_tokens >= 256, f"decision.max_tokens: {self.max_tokens} < 256")
         try:  # the container's own validation, so synth fails where the endpoint would
-            load_settings(self.container_environment())
+            settings = load_settings(self.container_environment())
         except SettingsError as error:
             raise ConfigError(f"decision: {error}") from None
+        self._check_kv_memory(settings.kv_memory)
         _require(
             self.request_timeout_seconds <= MAX_REALTIME_REQUEST_SECONDS,
             f"decision.request_timeout_seconds: {self.request_timeout_seconds:g} is above "
             f"{MAX_REALTIME_REQUEST_SECONDS:g}; a real-time endpoint's InvokeEndpoint waits "
             "60 s for the container",
+        )
+
+    def _check_kv_memory(self, budget: KvBudget) -> None:
+        """A budget must leave the instance room for the weights and the OS: at most
+        KV_MEMORY_SHARE of it. `auto` sizes itself to the container at start; bytes are
+        checked against a CPU instance's memory, and refused where it is not known here."""
+        share = f"{KV_MEMORY_SHARE:g} of the instance's memory"
+        if budget.fraction is not None:
+            _require(
+                budget.fraction <= KV_MEMORY_SHARE,
+                f"decision.kv_memory: {budget.setting} is more than {share}; the weights and "
+                "the OS need the rest",
+            )
+        if budget.amount is None:
+            return
+        instance = (
+            self.placement.instance_type if isinstance(self.placement, CpuPlacement) else None
+        )
+        memory = instance_memory_bytes(instance) if instance else None
+        _require(
+            memory is not None,
+            f"decision.kv_memory: {budget.setting} cannot be checked against "
+            f"{instance or 'GPU pools'}; give auto or a fraction of the container's memory",
+        )
+        assert memory is not None
+        _require(
+            budget.amount <= KV_MEMORY_SHARE * memory,
+            f"decision.kv_memory: {budget.setting} is more than {share} ({instance}: "
+            f"{memory >> 30} GiB)",
         )
 
     def container_environment(self) -> dict[str, str]:
@@ -281,6 +340,7 @@ class DecisionEndpointSettings:
             "SEMIF_MAX_BATCH_REQUESTS": str(self.max_batch_requests),
             "SEMIF_MAX_REQUEST_TOKENS": str(self.max_request_tokens),
             "SEMIF_WEIGHT_BUFFERS": self.weight_buffers,
+            "SEMIF_KV_MEMORY": self.kv_memory,
         }
         if self.threads is not None:
             environment["SEMIF_THREADS"] = str(self.threads)

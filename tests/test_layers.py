@@ -43,12 +43,14 @@ PURE_ADAPTER_MODULES = {
     "backends",
     "settings",
     "weight_buffers",
+    "kv_memory",
 }
-# the edges between pure modules beyond adapter.errors: the weight-buffer policy's types are
-# shared by the backend query that feeds it and the setting that names it
+# the edges between pure modules beyond adapter.errors: the weight-buffer and KV-memory
+# policies' types are shared with the settings that name them (and the backend query that
+# feeds the first)
 PURE_EDGES = {
     "backends": {"adapter.weight_buffers"},
-    "settings": {"adapter.weight_buffers"},
+    "settings": {"adapter.weight_buffers", "adapter.kv_memory"},
 }
 # The serving core (adapter/core, see its __init__) is reached from the service, which
 # requests go through, and from start-up: the runtime builds the engine and the label
@@ -56,15 +58,21 @@ PURE_EDGES = {
 # core directly on purpose.
 CORE_DOORS = {"adapter.service", "adapter.runtime", "adapter.labels"}
 # What the core may use of the rest of the adapter: the error answers and cancellation it
-# raises, the queue limits it enforces, the weight-buffer policy it applies.
-CORE_USES = {"adapter.errors", "adapter.cancel", "adapter.settings", "adapter.weight_buffers"}
+# raises, the queue limits it enforces, the weight-buffer and KV-memory policies it applies.
+CORE_USES = {
+    "adapter.errors",
+    "adapter.cancel",
+    "adapter.settings",
+    "adapter.weight_buffers",
+    "adapter.kv_memory",
+}
 # Within the core, who may import whom (beyond failures, which anyone may): one owner per
 # piece of state, and nothing below the scheduler knows the queue.
 CORE_EDGES: dict[str, set[str]] = {
     "failures": set(),
     "layout": set(),
     "vocab": set(),
-    "native": {"adapter.weight_buffers"},
+    "native": {"adapter.weight_buffers", "adapter.kv_memory"},
     "generation": {"adapter.core.layout"},
     "engine": {
         "adapter.core.generation",
@@ -72,6 +80,7 @@ CORE_EDGES: dict[str, set[str]] = {
         "adapter.core.native",
         "adapter.core.vocab",
         "adapter.weight_buffers",
+        "adapter.kv_memory",
     },
     "scheduler": {
         "adapter.core.engine",

@@ -44,14 +44,14 @@ from adapter.core.failures import (
 )
 from adapter.core.generation import GenerationRun, Sampling
 from adapter.core.layout import UBATCH_ROWS, Copy, PassPlan, Row, StreamCache
-from adapter.core.native import load_weights, require_kv_stream_binding
+from adapter.core.native import load_weights, measure_stream_cost, require_kv_stream_binding
 from adapter.core.vocab import Vocabulary
+from adapter.kv_memory import KvBudget, plan_cache
 from adapter.weight_buffers import CpuBackend, WeightBuffers
 
-# KV streams: each holds one sequence of up to `stream_cells` tokens. A pass decodes at most
-# all but one of them (one is kept for a generation); a question with letter-digit labels
-# needs 27 (its prompt and one continuation per first letter).
-KV_STREAMS = 32
+# KV streams (as many as the memory budget holds, adapter.kv_memory) each hold one sequence
+# of up to `stream_cells` tokens. A pass decodes at most all but one of them (one is kept
+# for a generation).
 KV_PAD_CELLS = 256  # llama.cpp rounds a stream's size up to this
 # Rows one pass takes: enough to share a template and a state across many prompts, few
 # enough that a request waiting behind a pass is not kept long.
@@ -100,8 +100,13 @@ class LlamaEngine:
         cpu: CpuBackend,
         prefix_reuse: bool = True,
         exact: bool = True,
+        kv_budget: KvBudget | None = None,
+        container_bytes: int | None = None,
         cancel: threading.Event | None = None,
     ) -> None:
+        """`kv_budget` (SEMIF_KV_MEMORY; fractions are of `container_bytes`, by default the
+        memory this process sees) sizes the cache; without one it holds MAX_STREAMS streams,
+        whatever they take."""
         require_kv_stream_binding()
         if stream_cells < 1:
             raise ModelLoadError(f"a KV stream needs at least one cell, not {stream_cells}")
@@ -119,12 +124,24 @@ class LlamaEngine:
         self._model: llama_cpp.llama_model_p | None = loaded.model
         self.weights = loaded.placement
         self.vocab = Vocabulary(self._model)
+        try:
+            self.memory = plan_cache(
+                kv_budget,
+                stream_cells=stream_cells,
+                cost=measure_stream_cost(self._model),
+                weights_bytes=gguf.stat().st_size,
+                container_bytes=container_bytes,
+            )
+        except BaseException:
+            llama_cpp.llama_model_free(self._model)
+            raise
+        streams = self.memory.streams
         context_params = llama_cpp.llama_context_default_params()
-        context_params.n_ctx = KV_STREAMS * stream_cells
+        context_params.n_ctx = streams * stream_cells
         context_params.n_batch = UBATCH_ROWS  # the plan decodes one micro-batch per call
         context_params.n_ubatch = UBATCH_ROWS
-        self.max_branches = max(1, min(max_branches, KV_STREAMS - 1))
-        context_params.n_seq_max = KV_STREAMS
+        self.max_branches = max(1, min(max_branches, streams - 1))
+        context_params.n_seq_max = streams
         context_params.kv_unified = False  # a stream per sequence: a row attends to its own
         # Flash attention's CPU kernel picks its summation path by row count: off when exact.
         context_params.flash_attn_type = (
@@ -139,7 +156,7 @@ class LlamaEngine:
         if not self._context:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(
-                f"llama.cpp could not create {KV_STREAMS} KV streams of {stream_cells} cells"
+                f"llama.cpp could not create {streams} KV streams of {stream_cells} cells"
             )
         self._memory = llama_cpp.llama_get_memory(self._context)
         self.stream_cells = stream_cells
@@ -152,7 +169,7 @@ class LlamaEngine:
             llama_cpp.llama_model_is_recurrent(self._model)
             or llama_cpp.llama_model_is_hybrid(self._model)
         )
-        self.cache = StreamCache(KV_STREAMS, stream_cells, exact=exact, whole_only=self.recurrent)
+        self.cache = StreamCache(streams, stream_cells, exact=exact, whole_only=self.recurrent)
         self.pass_rows = PASS_ROWS
         self.resets = 0  # times every stream was emptied (a generation re-reads after one)
 
@@ -160,8 +177,7 @@ class LlamaEngine:
         return {
             "n_vocab": self.vocab.n_vocab,
             "n_ctx_train": int(llama_cpp.llama_model_n_ctx_train(self._model)),
-            "kv_streams": KV_STREAMS,
-            "stream_cells": self.stream_cells,
+            **self.memory.summary(),
             "max_branches": self.max_branches,
             "threads": self.threads,
             "prefix_reuse": self.prefix_reuse,

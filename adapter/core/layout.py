@@ -42,8 +42,8 @@ STEM_MIN_SHARED = 16  # tokens a stem must save per prompt to be worth a step of
 # A cross-stream copy moves the whole source stream (every cell, every layer: llama.cpp's
 # kv_unified=false), so it costs by the stream's size, not by the tokens it keeps. Charged
 # as one row per this many cells: on the embedded model (docs/benchmarks.md, "What a copy
-# costs") a copy of a 4,352-cell stream took about as long as decoding 16 rows.
-COPY_CELLS_PER_ROW = 256
+# costs") a copy of a 4,352-cell stream took about as long as decoding 4 rows.
+COPY_CELLS_PER_ROW = 1024
 
 Prompt = tuple[Sequence[int], Sequence[int]]  # tokens and the continuation tokens after them
 
@@ -92,13 +92,15 @@ def price(
     A request's prompts about one state are neighbours, and what a prompt shares with the
     one before it is decoded once (a stem): it adds its own tokens plus the `MIN_ROWS` the
     exact path decodes again where prompts diverge, and each continuation decodes again
-    what its prompt does not share with the stem it copies, and its own token. Every sequence is one whole-stream copy,
-    charged by the stream's size (`COPY_CELLS_PER_ROW`). A prompt repeating the one before
+    what its prompt does not share with the stem it copies, and its own token (or, where
+    cheaper, the prompt is decoded whole and its continuations copy all of it). Every
+    sequence is one whole-stream copy, charged by the stream's size (`COPY_CELLS_PER_ROW`).
+    A prompt repeating the one before
     it (with the same continuations) costs nothing: it always fits the same pass, where the
     engine scores it once. What the planner decodes for the request alone on an empty
-    cache stays within this, but for a prefix a prompt shares with the one before it in
-    another stem (a template shared by two states: decoded once per stem), and the cache
-    may save more.
+    cache stays within a quarter over this, counting a prefix a prompt shares with the one
+    before it in another stem (a template shared by two states: decoded once per stem)
+    once per stem (tests/adapter/test_layout.py); the cache may save more.
     """
     costs = []
     for index, prompt in enumerate(prompts):
@@ -107,17 +109,18 @@ def price(
             costs.append(PromptCost(rows=0, sequences=0, copies=0))
             continue
         before = _shared(prompts, index, index - 1)
-        # Its continuations copy the stem its group decodes (what it shares with the nearest
-        # other prompt on either side, else all of it but the last MIN_ROWS) and decode the
-        # rest and a token.
+        # With a neighbour, its continuations copy the stem they share (what it shares with
+        # the nearest other prompt on either side) and decode the rest and a token; alone
+        # with its continuations, it decodes all its tokens and they only their last few.
         earlier = next((i for i in range(index - 1, -1, -1) if prompts[i] != prompt), -1)
         later = next((i for i in range(index + 1, len(prompts)) if prompts[i] != prompt), -1)
         stem = max(_shared(prompts, index, earlier), _shared(prompts, index, later))
-        stem = stem or len(prompt) - MIN_ROWS
-        tail = len(prompt) - min(stem, len(prompt) - MIN_ROWS)
+        tail = len(prompt) - min(stem or len(prompt), len(prompt) - MIN_ROWS)
+        joined = len(prompt) - before + MIN_ROWS + (tail + 1) * extra
+        alone = len(prompt) + MIN_ROWS + (MIN_ROWS + 1) * extra
         costs.append(
             PromptCost(
-                rows=len(prompt) - before + MIN_ROWS + (tail + 1) * extra,
+                rows=min(joined, alone) if extra else joined,
                 sequences=1 + extra,
                 copies=1 + extra,
             )

@@ -8,6 +8,7 @@ of a failure deep inside a request.
 from __future__ import annotations
 
 import ctypes
+import math
 import re
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import llama_cpp
 import llama_cpp._logger
 
 from adapter.core.failures import CancelledWorkError, ModelLoadError
+from adapter.kv_memory import StreamCost
 from adapter.weight_buffers import (
     BufferChoice,
     CpuBackend,
@@ -31,6 +33,13 @@ from adapter.weight_buffers import (
 _ALL_LAYERS = 1_000_000
 # llama.cpp's load log names every buffer the weights went to, with its size.
 _BUFFER_LINE = re.compile(r"^\S+:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+# ... and, for a new context, the size of its KV cache and recurrent state.
+_MEMORY_LINE = re.compile(
+    r"^(?P<kind>llama_kv_cache|llama_memory_recurrent)\w*: size =\s+(?P<mib>[0-9.]+) MiB "
+    r"\(\s*(?P<cells>\d+) cells"
+)
+_PROBE_STREAMS = 2
+_PROBE_CELLS = 1024  # enough cells that the MiB the log prints (two decimals) are exact
 
 
 def require_kv_stream_binding() -> None:
@@ -90,25 +99,52 @@ def restrict_weight_buffers(params: llama_cpp.llama_model_params, choice: Buffer
 
 
 @contextmanager
-def capture_model_buffers() -> Iterator[dict[str, float]]:
-    """Collect llama.cpp's `<buffer> model buffer size = <MiB>` load lines while the block
-    runs (the mapping fills in as they arrive), passing every line on to the binding's own
-    logger. The log callback is process-wide: one load at a time, as the server does."""
-    landed: dict[str, float] = {}
+def capture_log(pattern: re.Pattern[str]) -> Iterator[list[re.Match[str]]]:
+    """Collect the llama.cpp log lines matching `pattern` while the block runs (the list
+    fills in as they arrive), passing every line on to the binding's own logger. The log
+    callback is process-wide: one load at a time, as the server does."""
+    found: list[re.Match[str]] = []
     forward = llama_cpp._logger.llama_log_callback
 
     def record(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        match = _BUFFER_LINE.match(text.decode("utf-8", errors="replace").strip())
+        match = pattern.match(text.decode("utf-8", errors="replace").strip())
         if match:
-            landed[match.group(1)] = landed.get(match.group(1), 0.0) + float(match.group(2))
+            found.append(match)
         forward(level, text, user_data)
 
     callback = llama_cpp.llama_log_callback(record)  # referenced until the restore below
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
     try:
-        yield landed
+        yield found
     finally:
         llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+
+
+def measure_stream_cost(model: llama_cpp.llama_model_p) -> StreamCost:
+    """What one KV stream costs on this model, read from the sizes llama.cpp reports for a
+    probe context of two small streams: attention KV per cell (every attention layer, in
+    the cache's types) and the recurrent state a sequence keeps (hybrid and recurrent
+    models). Measured, not derived from the architecture, so every model is sized alike."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_seq_max = _PROBE_STREAMS
+    params.n_ctx = _PROBE_STREAMS * _PROBE_CELLS
+    params.kv_unified = False
+    params.n_batch = params.n_ubatch = _PROBE_STREAMS  # at least one output per stream
+    with capture_log(_MEMORY_LINE) as lines:
+        context = llama_cpp.llama_init_from_model(model, params)
+    if not context:
+        raise ModelLoadError("llama.cpp could not create a probe context to size the KV cache")
+    llama_cpp.llama_free(context)
+    cell_bytes = state_bytes = 0.0
+    for line in lines:
+        size = float(line.group("mib")) * (1 << 20)
+        if line.group("kind") == "llama_memory_recurrent":
+            state_bytes += size / int(line.group("cells"))
+        else:
+            cell_bytes += size / (int(line.group("cells")) * _PROBE_STREAMS)
+    if not lines:
+        raise ModelLoadError("llama.cpp did not report its KV cache size; cannot size it")
+    return StreamCost(math.ceil(cell_bytes), math.ceil(state_bytes))
 
 
 @dataclass(frozen=True)
@@ -167,8 +203,11 @@ def load_weights(
     # Returning False aborts the load; referenced until the load returns.
     progress = llama_cpp.llama_progress_callback(lambda progress, data: not cancel.is_set())
     model_params.progress_callback = progress
-    with capture_model_buffers() as landed:
+    with capture_log(_BUFFER_LINE) as lines:
         model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), model_params)
+    landed: dict[str, float] = {}
+    for line in lines:
+        landed[line.group(1)] = landed.get(line.group(1), 0.0) + float(line.group(2))
     if not model:
         if cancel.is_set():
             raise CancelledWorkError("model load cancelled: the server is shutting down")

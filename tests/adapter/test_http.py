@@ -51,10 +51,14 @@ def runtime_of(client: TestClient) -> Runtime:
     return runtime
 
 
-def test_ping_reports_model_and_backends(tiny_client: TestClient) -> None:
+def test_ping_reports_model_backends_and_the_kv_cache(tiny_client: TestClient) -> None:
     response = tiny_client.get("/ping")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "model": "tiny.gguf", "backends": ["CPU"]}
+    body = response.json()
+    assert (body["status"], body["model"], body["backends"]) == ("ok", "tiny.gguf", ["CPU"])
+    serving = body["serving"]
+    assert serving["kv_streams"] * serving["stream_cells"] > 0
+    assert serving["kv_cache_mib"] > 0
 
 
 def test_single_decision_contract(tiny_client: TestClient) -> None:
@@ -80,6 +84,10 @@ def test_single_decision_contract(tiny_client: TestClient) -> None:
     assert serving_info["request_timeout_seconds"] == 50.0
     assert serving_info["max_batch_requests"] == 32
     assert serving_info["max_request_tokens"] == 16_384
+    # SEMIF_KV_MEMORY=auto: the tiny model's streams are tiny, so all 32 fit its floor.
+    assert serving_info["kv_memory"] == "auto"
+    assert serving_info["kv_streams"] == 32
+    assert 0 < serving_info["kv_cache_mib"] <= serving_info["kv_budget_mib"]
     assert set(body["timing"]) == TIMING_FIELDS
     assert body["timing"]["passes"] >= 1
     assert body["timing"]["batch_requests"] == 1  # alone on the server

@@ -171,6 +171,7 @@ def test_decision_batching_settings_become_the_adapter_variables() -> None:
         "SEMIF_MAX_BATCH_REQUESTS": "8",
         "SEMIF_MAX_REQUEST_TOKENS": "4096",
         "SEMIF_WEIGHT_BUFFERS": "auto",
+        "SEMIF_KV_MEMORY": "auto",
     }
     assert "SEMIF_MAX_IN_FLIGHT" not in _decision().container_environment()
 
@@ -205,6 +206,42 @@ def test_decision_batching_settings_become_the_adapter_variables() -> None:
 def test_decision_batching_rules(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{message}"):
         _decision(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "kv_memory", "message"),
+    [
+        ("ml.c6i.2xlarge", "auto", None),
+        ("ml.c6i.2xlarge", "0.5", None),
+        ("ml.c6i.2xlarge", "8GiB", None),  # 16 GiB instance: half of it
+        ("ml.c6i.2xlarge", "0.75", "0.75 is more than 0.5 of the instance's memory"),
+        ("ml.c6i.2xlarge", "9GiB", r"9GiB is more than 0.5 .*\(ml.c6i.2xlarge: 16 GiB\)"),
+        ("ml.r7i.xlarge", "15GiB", None),  # 32 GiB
+        ("ml.c6i.2xlarge", "a lot", "decision: SEMIF_KV_MEMORY='a lot' is not a budget"),
+        (None, "4GiB", "4GiB cannot be checked against GPU pools; give auto or a fraction"),
+    ],
+)
+def test_decision_kv_memory_leaves_the_instance_room(
+    instance_type: str | None, kv_memory: str, message: str | None
+) -> None:
+    """SEMIF_KV_MEMORY is checked at synth: the adapter's syntax, and a budget in bytes
+    against the CPU instance's memory (GPU pools: only auto or a fraction)."""
+    def build() -> DecisionEndpointSettings:
+        if instance_type is None:
+            return _decision(kv_memory=kv_memory)
+        return DecisionEndpointSettings(
+            placement=CpuPlacement(instance_type=instance_type),
+            gpu_layers=0,
+            threads=8,
+            autoscaling=SCALING,
+            kv_memory=kv_memory,
+        )
+
+    if message is None:
+        assert build().container_environment()["SEMIF_KV_MEMORY"] == kv_memory
+        return
+    with pytest.raises(ConfigError, match=message):
+        build()
 
 
 @pytest.mark.parametrize(

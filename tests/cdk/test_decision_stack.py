@@ -126,6 +126,7 @@ def test_decision_environment_variables(synth: Synth) -> None:
                             "SEMIF_N_GPU_LAYERS": "0",
                             "SEMIF_THREADS": str(config.threads),
                             "SEMIF_WEIGHT_BUFFERS": "auto",
+                            "SEMIF_KV_MEMORY": "auto",
                         }
                     )
                 }

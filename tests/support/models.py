@@ -6,6 +6,7 @@ from pathlib import Path
 
 from adapter.backends import cpu_backend
 from adapter.core.engine import LlamaEngine
+from adapter.kv_memory import KvBudget
 from adapter.runtime import LoadedModel, prepare_model
 from adapter.service import DecisionService
 
@@ -17,6 +18,7 @@ def open_test_model(
     max_branches: int = 16,
     prefix_reuse: bool = True,
     threads: int = 2,
+    kv_budget: KvBudget | None = None,
 ) -> LoadedModel:
     engine = LlamaEngine(
         gguf,
@@ -27,6 +29,7 @@ def open_test_model(
         weight_buffers="auto",
         cpu=cpu_backend(None),
         prefix_reuse=prefix_reuse,
+        kv_budget=kv_budget,
     )
     return prepare_model(engine)
 
