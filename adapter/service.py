@@ -25,7 +25,7 @@ from adapter.core.engine import LlamaEngine, PromptScore
 # core only through this module.
 from adapter.core.generation import Generation as Generation
 from adapter.core.generation import Sampling as Sampling
-from adapter.core.layout import Price, distinct_tokens, price
+from adapter.core.layout import Price, common_prefix_length, distinct_tokens, price
 from adapter.core.scheduler import JobTiming, Scheduler
 from adapter.errors import RequestError, shutting_down
 from adapter.labels import LabelError, LabelSet
@@ -166,11 +166,12 @@ class DecisionService:
 
     def render(self, decisions: Sequence[Decision], mode: Mode) -> list[tuple[str, list[int]]]:
         """Render and tokenize each decision, refusing any prompt over the token limit."""
-        return self._render(decisions, decision_paths(mode, len(decisions)))
+        paths = decision_paths(mode, len(decisions))
+        return [(prompt.text, tokens) for prompt, tokens in self._render(decisions, paths)]
 
     def _render(
         self, decisions: Sequence[Decision], paths: Sequence[str]
-    ) -> list[tuple[str, list[int]]]:
+    ) -> list[tuple[RenderedPrompt, list[int]]]:
         prompts = []
         for decision, path in zip(decisions, paths, strict=True):
             try:
@@ -178,8 +179,24 @@ class DecisionService:
             except (TemplateRenderError, ValueError) as error:
                 raise RequestError(path, str(error)) from None
             hint = "; shorten the state, question or options"
-            prompts.append((prompt.text, self.tokenize_prompt(prompt, path, hint)))
+            prompts.append((prompt, self.tokenize_prompt(prompt, path, hint)))
         return prompts
+
+    def _boundaries(self, prompt: RenderedPrompt, tokens: list[int]) -> tuple[int, ...]:
+        """Where the prompt's system turn and its state end, in tokens: the prefixes later
+        prompts share (another state, another question). Only a model whose memory keeps
+        whole streams needs them (the layout keeps checkpoints there); none otherwise. A
+        prefix's tokens are counted as far as they agree with the whole prompt's."""
+        if not self.engine.recurrent or not prompt.user_spans:
+            return ()
+        state_start, state_end = prompt.user_spans[0]
+        cuts = []
+        for offset in (state_start, state_end):
+            spans = [(a, min(b, offset)) for a, b in prompt.user_spans if a < offset]
+            with self._vocabulary() as engine:
+                head = engine.vocab.tokenize_prompt(prompt.text[:offset], spans)
+            cuts.append(common_prefix_length(head, tokens))
+        return tuple(cuts)
 
     def _labels(self, decision: Decision, path: str) -> list[tuple[int, ...]]:
         try:
@@ -209,9 +226,15 @@ class DecisionService:
         owners, sent, continuations = self._fit_passes(token_lists, firsts)
         cost = price(sent, continuations, stream_cells=self.engine.stream_cells)
         self._check_budget(cost, paths[0].split("[")[0].split(".")[0])
+        cuts = [self._boundaries(prompt, tokens) for prompt, tokens in prompts]
         cancel = cancel or Cancellation()
         job = self.scheduler.submit(
-            sent, continuations, started + self.limits.request_timeout_seconds, cancel, cost=cost
+            sent,
+            continuations,
+            started + self.limits.request_timeout_seconds,
+            cancel,
+            cost=cost,
+            boundaries=[cuts[owner] for owner in owners],
         )
         parts, timing = self._wait(job.future, cancel, started)
         scores = _joined(owners, parts)
@@ -224,7 +247,7 @@ class DecisionService:
             self._mark_unhealthy(error)
             raise
         return ScoredBatch(
-            prompts=[text for text, _ in prompts],
+            prompts=[prompt.text for prompt, _ in prompts],
             input_tokens=[score.input_tokens for score in scores],
             reused_tokens=[score.reused_tokens for score in scores],
             readouts=readouts,

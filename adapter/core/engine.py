@@ -24,6 +24,7 @@ readout live in the modules that use it.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -41,6 +42,7 @@ from adapter.core.failures import (
     CapacityError,
     ModelLoadError,
     NativeFailureError,
+    RefusedCutError,
 )
 from adapter.core.generation import GenerationRun, Sampling
 from adapter.core.layout import UBATCH_ROWS, Copy, PassPlan, Row, StreamCache
@@ -49,6 +51,7 @@ from adapter.core.vocab import Vocabulary
 from adapter.kv_memory import KvBudget, plan_cache
 from adapter.weight_buffers import CpuBackend, WeightBuffers
 
+LOG = logging.getLogger("adapter")
 # KV streams (as many as the memory budget holds, adapter.kv_memory) each hold one sequence
 # of up to `stream_cells` tokens. A pass decodes at most all but one of them (one is kept
 # for a generation).
@@ -195,16 +198,19 @@ class LlamaEngine:
         continuations: Sequence[Sequence[int]] | None = None,
         *,
         continuing: bool = False,
+        boundaries: Sequence[Sequence[int]] = (),
     ) -> tuple[list[PromptScore], BatchTiming]:
         """Score every prompt in one pass; prompts share whatever prefix they have in
         common with each other and with the resident prefixes of earlier passes.
 
         `continuations[i]` lists tokens whose next-token logits are wanted after prompt i
         (each costs one extra row and sequence). Identical prompts are scored once. The
-        layout (adapter/kv_layout.py) makes every result independent of what the cache
+        layout (adapter/core/layout.py) makes every result independent of what the cache
         held and of what else rode in the pass. With prefix reuse off the cache is emptied
         first, unless the caller says the pass is `continuing` requests that the passes
         just before began: a request larger than one pass then decodes its state once.
+        `boundaries[i]` are where prompt i's state and system turn end: on a model whose
+        memory keeps only whole streams, the layout keeps checkpoints there.
         """
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -223,6 +229,7 @@ class LlamaEngine:
         for prompt, tokens in zip(prompts, extra, strict=True):
             distinct.setdefault(tuple(prompt), set()).update(tokens)
         unique = [(prompt, sorted(tokens)) for prompt, tokens in distinct.items()]
+        cuts = dict(zip(map(tuple, prompts), boundaries, strict=False))
         sequences = sum(1 + len(tokens) for _, tokens in unique)
         if sequences > self.max_branches:
             raise CapacityError(
@@ -231,16 +238,13 @@ class LlamaEngine:
         if not (self.prefix_reuse or continuing):
             self.reset()
         started = time.perf_counter()
+        wanted = [cuts.get(prompt, ()) for prompt, _ in unique]
         try:
-            self.check_cancel()
-            try:
-                plan = self.cache.plan(unique)
-            except OverflowError as error:
-                raise CapacityError(str(error)) from None
-            outputs = self._run_pass(plan)
-        except BaseException:
-            self.reset()  # whatever failed, the streams no longer match the plan
-            raise
+            plan, outputs = self._plan_and_run(unique, wanted)
+        except RefusedCutError as error:
+            # Never from a plan on an empty cache (it cuts nothing), so one retry settles it.
+            LOG.warning("%s; scoring the pass again from an empty cache", error)
+            plan, outputs = self._plan_and_run(unique, wanted)
         self.cache.commit(plan)
         by_prompt = {}
         for (prompt, tokens), prompt_plan in zip(unique, plan.prompts, strict=True):
@@ -263,6 +267,22 @@ class LlamaEngine:
             seconds=time.perf_counter() - started,
         )
         return scores, timing
+
+    def _plan_and_run(
+        self, unique: Sequence[tuple[Sequence[int], Sequence[int]]], wanted: Sequence[Sequence[int]]
+    ) -> tuple[PassPlan, dict[int, npt.NDArray[np.float32]]]:
+        """Plan the pass on what the cache holds and run it; on any failure every stream is
+        emptied (they no longer match the plan) before the error propagates."""
+        try:
+            self.check_cancel()
+            try:
+                plan = self.cache.plan(unique, wanted)
+            except OverflowError as error:
+                raise CapacityError(str(error)) from None
+            return plan, self._run_pass(plan)
+        except BaseException:
+            self.reset()
+            raise
 
     def _run_pass(self, plan: PassPlan) -> dict[int, npt.NDArray[np.float32]]:
         """Execute a pass plan step by step: copies and cuts, then one decode per
@@ -316,11 +336,11 @@ class LlamaEngine:
     def _remove(self, seq: int, keep: int) -> None:
         """Drop a stream's cells from position `keep` on. A model whose memory cannot drop a
         sequence's tail (recurrent or hybrid layers) refuses; reusing a prefix there would
-        give wrong logits, so this fails instead."""
+        give wrong logits, so this fails instead (the caller then starts from scratch)."""
         if not llama_cpp.llama_memory_seq_rm(self._memory, seq, keep if keep > 0 else -1, -1):
-            raise NativeFailureError(
-                f"llama.cpp could not drop sequence {seq} from position {keep}: this model's "
-                "memory cannot keep a prefix (recurrent layers)"
+            raise RefusedCutError(
+                f"llama.cpp refused to cut stream {seq} back to {keep} tokens (this model's "
+                f"memory keeps {'only whole streams' if self.recurrent else 'every prefix'})"
             )
 
     def decode_tokens(self, seq: int, tokens: Sequence[int], start: int) -> None:

@@ -19,5 +19,10 @@ class CapacityError(RuntimeError):
     """A batch did not fit the KV cache; the request can be retried smaller."""
 
 
+class RefusedCutError(CapacityError):
+    """llama.cpp refused to cut a stream back (memory that keeps only whole streams): the
+    streams were emptied, and the work can start again from scratch, on this instance."""
+
+
 class CancelledWorkError(RuntimeError):
     """The work was cancelled (the server is shutting down); the KV cache was reset."""

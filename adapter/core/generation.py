@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 
 import llama_cpp
 
+from adapter.core.failures import RefusedCutError
 from adapter.core.layout import Copy, StreamCache
 
 
@@ -157,7 +158,11 @@ class GenerationRun:
         host = self._host
         if self._resets_seen != host.resets:  # first step, or the streams were emptied
             base, length = host.cache.longest_match(self._context[:-1])
-            host.take(Copy(base if length > 0 else None, self._seq, length))
+            try:
+                host.take(Copy(base if length > 0 else None, self._seq, length))
+            except RefusedCutError:  # the prefix cannot be had: read the context from scratch
+                length = 0
+                host.take(Copy(None, self._seq, 0))
             if self.reused_tokens < 0:
                 self.reused_tokens = length
             self._decoded = length

@@ -225,7 +225,8 @@ def common_prefix(first: np.ndarray, second: np.ndarray) -> int:
 
 @dataclass
 class _Target:
-    """One sequence a pass decodes: a prompt, or a prompt with one continuation token."""
+    """One sequence a pass decodes: a prompt, a prompt with one continuation token, or a
+    checkpoint (`prompt` -1): a prefix kept resident for later prompts to take whole."""
 
     tokens: np.ndarray
     prompt: int
@@ -321,8 +322,13 @@ class StreamCache:
         free = [s for s in range(self.streams) if s not in self.reserved and s not in exclude]
         return sorted(free, key=lambda s: (len(self.held[s]) > 0, self.last_used[s], s))
 
-    def plan(self, prompts: Sequence[Prompt]) -> PassPlan:
-        """Plan one pass over distinct prompts (each with its continuation tokens)."""
+    def plan(self, prompts: Sequence[Prompt], boundaries: Sequence[Sequence[int]] = ()) -> PassPlan:
+        """Plan one pass over distinct prompts (each with its continuation tokens).
+
+        `boundaries[i]` are positions in prompt i where later prompts are likely to branch
+        (after the system turn, after the state). Where the cache can only take whole
+        streams, each one no stream holds yet becomes a checkpoint: a stream decoded to
+        exactly there and kept, as long as the pass has streams to spare."""
         targets = [
             _Target(np.asarray([*tokens, *extra], dtype=np.int64), index, bool(extra))
             for index, (tokens, conts) in enumerate(prompts)
@@ -335,6 +341,8 @@ class StreamCache:
         longest = max(len(target.tokens) for target in targets)
         if longest > self.cells:
             raise OverflowError(f"a sequence needs {longest} cells; a stream has {self.cells}")
+        if self.whole_only:
+            targets += self._checkpoints(prompts, boundaries, self.capacity - len(targets))
         for target in targets:
             limit = self._cap(target.tokens)
             target.source, target.shared, target.reused = self._best(target.tokens, limit)
@@ -360,6 +368,30 @@ class StreamCache:
         if tails:
             steps.append(Step(_copies_first(second), self._micro_batches(tails)))
         return self._finish(targets, groups, steps, len(prompts))
+
+    def _checkpoints(
+        self, prompts: Sequence[Prompt], boundaries: Sequence[Sequence[int]], room: int
+    ) -> list[_Target]:
+        """A checkpoint per boundary that no stream holds exactly, at most `room` of them,
+        the deepest of each prompt first (a state before the system turn: the system turn
+        is one prefix for every state, so it pays once; each state pays again until kept).
+        A boundary too short to save a stem, or within a prompt's last rows, is skipped."""
+        held = {
+            tuple(tokens.tolist())
+            for seq, tokens in enumerate(self.held)
+            if len(tokens) and seq not in self.reserved
+        }
+        found: list[_Target] = []
+        for (tokens, _), cuts in zip(prompts, boundaries, strict=False):
+            for cut in sorted(set(cuts), reverse=True):
+                prefix = tuple(tokens[:cut])
+                if not STEM_MIN_SHARED <= cut <= len(tokens) - self.min_rows or prefix in held:
+                    continue
+                if len(found) >= room:
+                    return found
+                held.add(prefix)
+                found.append(_Target(np.asarray(prefix, dtype=np.int64), -1, False))
+        return found
 
     def _cap(self, tokens: np.ndarray) -> int:
         """The most tokens a sequence may take from elsewhere: the rest is at least

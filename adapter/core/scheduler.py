@@ -61,6 +61,7 @@ class _Job:
     prompts: Sequence[Sequence[int]]
     continuations: Sequence[Sequence[int]]
     price: Price  # adapter.core.layout: what each prompt adds to a pass
+    boundaries: Sequence[Sequence[int]]  # per prompt: where checkpoints may be kept
     deadline: float
     enqueued: float
     cancel: Cancellation
@@ -130,13 +131,15 @@ class Scheduler:
         cancel: Cancellation,
         *,
         cost: Price | None = None,
+        boundaries: Sequence[Sequence[int]] = (),
     ) -> _Job:
         """Queue a scoring request (already validated); a full queue or more work ahead than
         it may wait is a retryable 503. `cost` is the request's price if the caller already
-        asked the layout for it (the service does, for the request budget)."""
+        asked the layout for it (the service does, for the request budget); `boundaries`
+        per prompt, where the engine may keep checkpoints (LlamaEngine.score)."""
         if cost is None:
             cost = price(prompts, continuations, stream_cells=self.engine.stream_cells)
-        job = _Job(prompts, continuations, cost, deadline, time.monotonic(), cancel)
+        job = _Job(prompts, continuations, cost, boundaries, deadline, time.monotonic(), cancel)
         with self._condition:
             self._make_room(len(self._queue) + len(self._chats))
             self._refuse_if_overloaded()
@@ -289,6 +292,11 @@ class Scheduler:
         continuations = [
             job.continuations[i] for job, start, end in batch for i in range(start, end)
         ]
+        boundaries = [
+            job.boundaries[i] if i < len(job.boundaries) else ()
+            for job, start, end in batch
+            for i in range(start, end)
+        ]
         started = time.monotonic()
         for job, _, _ in batch:
             if job.started is None:
@@ -299,6 +307,7 @@ class Scheduler:
                 continuations,
                 # Only the queue's head can continue, so its earlier passes came just before.
                 continuing=all(start > 0 for _, start, _ in batch),
+                boundaries=boundaries,
             )
         except Exception as error:  # the worker outlives any one pass
             failure = self._failure(error)

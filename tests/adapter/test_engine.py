@@ -133,6 +133,33 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
     assert repeat["results"][0]["probabilities"] == warm["results"][0]["probabilities"]
 
 
+def test_a_refused_cut_scores_from_scratch_and_keeps_the_instance(
+    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cut llama.cpp refuses (memory that keeps only whole streams) empties the cache and
+    scores the pass again from scratch, with the same answer; the service stays healthy."""
+    service = service_of(model)
+    first, second = questions()[:2]
+    decide(service, [first], "single")
+    want = decide(service, [second], "single")["results"][0]["probabilities"]
+    decide(service, [first], "single")
+    real = llama_cpp.llama_memory_seq_rm
+    refused: list[int] = []
+
+    def refuse_once(memory: object, seq: int, start: int, end: int) -> bool:
+        if start > 0 and not refused:
+            refused.append(seq)
+            return False
+        return bool(real(memory, seq, start, end))
+
+    monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", refuse_once)
+    again = decide(service, [second], "single")
+    assert refused  # the reuse of the first question's prefix needed a cut
+    assert again["timing"]["reused_tokens"] == 0  # decoded from scratch
+    assert again["results"][0]["probabilities"] == want
+    assert service.health.healthy
+
+
 def test_prefix_reuse_can_be_disabled(tiny_gguf: Path) -> None:
     fresh = open_test_model(tiny_gguf, prefix_reuse=False)
     try:

@@ -295,7 +295,9 @@ def test_price_bounds_what_a_request_alone_decodes_in_one_pass(seed: int) -> Non
 def test_a_pass_cuts_its_stems_where_they_save_the_most() -> None:
     """Questions about two states that share only the template: each state is decoded once
     (not once per question, as one template-wide stem would), on an empty cache too."""
-    prompts: list[Prompt] = [(_prompt(state, q, 200), []) for state in (1, 2) for q in (100, 200, 300)]
+    prompts: list[Prompt] = [
+        (_prompt(state, q, 200), []) for state in (1, 2) for q in (100, 200, 300)
+    ]
     plan = StreamCache(16, 512, exact=True).plan(prompts)
     once = 2 * (len(TEMPLATE) + 200) + 6 * (20 + MIN_ROWS)
     assert len(plan.rows) <= once
@@ -332,3 +334,62 @@ def test_price_counts_the_passes_a_request_needs_alone() -> None:
     labelled = price([_prompt(1, 100)] * 2, [[1, 2, 3], [4]], stream_cells=512)
     assert labelled.passes(1024, 31) == 1
     assert labelled.passes(1024, 4) == 2  # 4 + 2 sequences
+
+
+# -- memory that keeps only whole streams (recurrent, hybrid): checkpoints ---------------------
+
+
+def _asked(
+    cache: StreamCache, prompts: list[list[int]], cuts: tuple[int, ...]
+) -> tuple[int, list[int]]:
+    """Rows one pass decodes and what each prompt reused, with the prompts' boundaries."""
+    plan = _run_with(cache, [(prompt, []) for prompt in prompts], [cuts] * len(prompts))
+    return len(plan.rows), [prompt.reused for prompt in plan.prompts]
+
+
+def _run_with(
+    cache: StreamCache, prompts: list[Prompt], boundaries: list[tuple[int, ...]]
+) -> PassPlan:
+    plan = cache.plan(prompts, boundaries)
+    cache.commit(plan)
+    return plan
+
+
+def test_whole_stream_memory_keeps_checkpoints_where_prompts_branch() -> None:
+    """Targets of the hybrid-model issue, on the planner: a new question about a resident
+    state decodes what a prompt-keeping cache does (its question), a question about a new
+    state reuses the system turn, and a state asked over several passes is decoded once."""
+    system, state_end = len(TEMPLATE), len(TEMPLATE) + 300
+    cuts = (system, state_end)
+    whole = StreamCache(32, 1024, exact=True, whole_only=True)
+    prefix = StreamCache(32, 1024, exact=True)
+    for cache in (whole, prefix):
+        _asked(cache, [_prompt(1, 100, 300)], cuts)
+    held = {len(tokens) for tokens in whole.held if len(tokens)}
+    assert {system, state_end} <= held  # kept exactly there
+    rows, (reused,) = _asked(whole, [_prompt(1, 200, 300)], cuts)
+    prefix_rows, _ = _asked(prefix, [_prompt(1, 200, 300)], cuts)
+    assert reused == state_end
+    assert rows <= 1.2 * prefix_rows
+    rows, (reused,) = _asked(whole, [_prompt(2, 200, 300)], cuts)
+    assert reused == system  # a new state: the system turn is not decoded again
+    assert rows <= 300 + 20 + 2 * MIN_ROWS + MIN_ROWS  # its state and question, and the rest
+    decoded = 0
+    for start in range(100, 1700, 400):  # 16 questions about state 3, four per pass
+        questions = [_prompt(3, q, 300) for q in range(start, start + 400, 100)]
+        rows, took = _asked(whole, questions, cuts)
+        decoded += rows
+        if start > 100:
+            assert took == [state_end] * 4
+    assert decoded <= 300 + 16 * (20 + 2 * MIN_ROWS) + 2 * MIN_ROWS
+
+
+def test_checkpoints_never_crowd_out_the_prompts() -> None:
+    """Checkpoints take only streams a pass leaves free; none on a prefix-keeping cache."""
+    cuts = (len(TEMPLATE), len(TEMPLATE) + 60)
+    tight = StreamCache(4, 1024, exact=True, whole_only=True)
+    plan = tight.plan([(_prompt(1, q), []) for q in (100, 200, 300, 400)], [cuts] * 4)
+    assert len(plan.resident) == 4  # the prompts, no checkpoint
+    roomy = StreamCache(8, 1024, exact=True)
+    plan = roomy.plan([(_prompt(1, 100), [])], [cuts])
+    assert len(plan.resident) == 1

@@ -95,6 +95,7 @@ class FakeEngine:
         continuations: Sequence[Sequence[int]],
         *,
         continuing: bool,
+        boundaries: Sequence[Sequence[int]] = (),
     ) -> tuple[list[PromptScore], BatchTiming]:
         started = self.clock.monotonic()
         self.entered.set()
