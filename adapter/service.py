@@ -183,18 +183,19 @@ class DecisionService:
         return prompts
 
     def _boundaries(self, prompt: RenderedPrompt, tokens: list[int]) -> tuple[int, ...]:
-        """Where the prompt's system turn and its state end, in tokens: the prefixes later
-        prompts share (another state, another question). Only a model whose memory keeps
-        whole streams needs them (the layout keeps checkpoints there); none otherwise. A
-        prefix's tokens are counted as far as they agree with the whole prompt's."""
-        if not self.engine.recurrent or not prompt.user_spans:
+        """Where the prompt's system turn ends and where its question starts (after the
+        state and the template's text before the question), in tokens: the prefixes later
+        prompts share (another state; another question about this one). Only a model whose
+        memory keeps whole streams needs them (the layout keeps checkpoints there); none
+        otherwise. A prefix's tokens are counted as far as they agree with the prompt's."""
+        spans = prompt.user_spans
+        if not self.engine.recurrent or not spans:
             return ()
-        state_start, state_end = prompt.user_spans[0]
         cuts = []
-        for offset in (state_start, state_end):
-            spans = [(a, min(b, offset)) for a, b in prompt.user_spans if a < offset]
+        for offset in (spans[0][0], spans[1][0] if len(spans) > 1 else spans[0][1]):
+            head_spans = [(a, min(b, offset)) for a, b in spans if a < offset]
             with self._vocabulary() as engine:
-                head = engine.vocab.tokenize_prompt(prompt.text[:offset], spans)
+                head = engine.vocab.tokenize_prompt(prompt.text[:offset], head_spans)
             cuts.append(common_prefix_length(head, tokens))
         return tuple(cuts)
 

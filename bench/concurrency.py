@@ -21,14 +21,17 @@ compare level, one thing at a time, so the machine's drift lands on every side o
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any, TypeVar
 
 import httpx
@@ -46,10 +49,18 @@ from bench.local import (
 from bench.metrics import latency_summary
 from bench.peer_server import PeerBinary
 from bench.runner import save_figure
-from bench.tasks import single_body
-from bench.workload import concurrent_decisions
+from bench.tasks import shared_body, single_body
+from bench.workload import account_state, concurrent_decisions, many_questions
+from client.decision_client import (
+    DecisionClient,
+    EndpointError,
+    HttpTransport,
+    RetryPolicy,
+    Transport,
+)
 
 T = TypeVar("T")
+S = TypeVar("S")
 STATE_EVENTS = 4  # ~150 SmolLM2 tokens of account history; prompts are ~250 tokens
 SHARED_EVERY = 4  # in the mix, 1 request in 4 is about the hot account
 PEER_TOP_TOKENS = 20
@@ -57,6 +68,8 @@ CLIENT_TIMEOUT_S = 600.0
 WORKLOADS = ("distinct", "mix")
 INVOCATION_LIMIT_S = 60.0  # SageMaker's InvokeEndpoint: a later answer never reaches the caller
 MAX_RETRY_AFTER_S = 30.0  # the longest Retry-After the adapter sends
+HEAD_OF_LINE_EVENTS = 7  # the long request's state: ~250 SmolLM2 tokens
+SMALL_EVENTS = 0  # the small decision's state: its header line only (prompt ~120 tokens)
 
 
 @dataclass(frozen=True)
@@ -71,12 +84,21 @@ class Plan:
     requests_per_client: int
     min_requests: int
     limit_repeats: int
+    # Overload as an application sees it (figure 6d): this many closed-loop clients, each
+    # the project's DecisionClient (retries within its budget); None skips it.
+    client_level: int | None = None
+    # Head-of-line wait (figure 6e): a small decision sent `head_of_line_delay_s` after one
+    # shared-state request of this many questions (several passes); 0 skips it.
+    head_of_line_decisions: int = 0
+    head_of_line_delay_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.compare_level not in self.levels or not set(self.peer_levels) <= set(self.levels):
             raise ValueError("the compare and peer levels must be among the levels")
         if self.limit_repeats < 1:
             raise ValueError("the limit needs at least one timed call")
+        if self.client_level is not None and self.client_level < 1:
+            raise ValueError("the client level needs at least one client")
 
     def requests(self, clients: int) -> int:
         return max(self.min_requests, self.requests_per_client * clients)
@@ -89,6 +111,24 @@ class Plan:
         return concurrent_decisions(
             self.requests(clients), series=series, events=STATE_EVENTS, shared_every=shared_every
         )
+
+    def client_decisions(self) -> list[Decision]:
+        """Figure 6d's calls: as many as a level of `client_level` clients sends, on states
+        of their own series (after every level's)."""
+        if self.client_level is None:
+            return []
+        return concurrent_decisions(
+            self.requests(self.client_level), series=1 + 2 * len(self.levels), events=STATE_EVENTS
+        )
+
+    def head_of_line(self) -> tuple[list[Decision], Decision]:
+        """Figure 6e's long request (questions about one ~250-token state) and the small
+        decision sent after it, on states no level uses."""
+        series = 2 + 2 * len(self.levels)
+        variant = series * 100_000 + 50_000  # beside the series' own accounts
+        state = account_state(HEAD_OF_LINE_EVENTS, variant, variant * HEAD_OF_LINE_EVENTS)
+        (small,) = concurrent_decisions(1, series=series, events=SMALL_EVENTS)
+        return many_questions(state, self.head_of_line_decisions), small
 
 
 WARM_UP = concurrent_decisions(1, series=0, events=STATE_EVENTS)[0]
@@ -109,6 +149,7 @@ class Reply:
     same_prompt: bool | None = None  # peer: it evaluated exactly the tokens sent
     error: str | None = None
     retry_after: float | None = None  # a refusal's Retry-After, in seconds
+    attempts: int | None = None  # the project's client: HTTP attempts the call took
 
 
 @dataclass(frozen=True)
@@ -134,15 +175,30 @@ def closed_loop(
     """Send every item once from `clients` threads, each with its own single connection,
     each taking the next unsent item as soon as its previous answer is in. Samples come
     back in item order."""
+
+    def connect() -> httpx.Client:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        return httpx.Client(
+            base_url=base_url, timeout=timeout_s, limits=limits, transport=transport
+        )
+
+    return run_clients(items, clients, connect, send)
+
+
+def run_clients(
+    items: Sequence[T],
+    clients: int,
+    connect: Callable[[], AbstractContextManager[S]],
+    send: Callable[[S, T], Reply],
+) -> list[Sample]:
+    """The closed loop over any client: `clients` threads, each with its own session from
+    `connect`, each sending the next unsent item as soon as its previous call returned."""
     pending = iter(range(len(items)))
     lock = threading.Lock()
     samples: list[Sample | None] = [None] * len(items)
 
     def client(number: int) -> None:
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        with httpx.Client(
-            base_url=base_url, timeout=timeout_s, limits=limits, transport=transport
-        ) as http:
+        with connect() as session:
             while True:
                 with lock:
                     index = next(pending, None)
@@ -150,7 +206,7 @@ def closed_loop(
                     return
                 started = time.perf_counter()
                 try:
-                    reply = send(http, items[index])
+                    reply = send(session, items[index])
                 except httpx.HTTPError as error:
                     reply = Reply(0, error=f"{type(error).__name__}: {error}")
                 samples[index] = Sample(started, time.perf_counter() - started, reply, number)
@@ -299,6 +355,272 @@ def summarize_level(clients: int, samples: Sequence[Sample]) -> Level:
     )
 
 
+# -- overload as an application sees it ---------------------------------------------------
+
+
+class _CountingTransport:
+    """The project's HTTP transport, counting the attempts of the call in progress (the
+    client retries inside one `invoke`; this says how many tries a call took)."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.attempts = 0
+
+    def post(self, body: bytes) -> Any:
+        self.attempts += 1
+        return self.inner.post(body)
+
+    def wait_until_ready(
+        self, timeout_s: float, progress: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
+        return self.inner.wait_until_ready(timeout_s, progress)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ProjectClient:
+    """One application thread's `DecisionClient` on a counting transport: by default
+    `HttpTransport(base_url)`'s and the client's own retry policy, as an application has."""
+
+    def __init__(self, inner: Transport, *, retry: RetryPolicy | None = None) -> None:
+        self.counter = _CountingTransport(inner)
+        self.client = DecisionClient(self.counter, retry=retry)
+
+    def __enter__(self) -> ProjectClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+
+def send_with_client(caller: ProjectClient, decision: Decision) -> Reply:
+    """One call of the project's client: busy answers retried as its policy says (waiting
+    each Retry-After), so a non-200 here is a final failure the application sees."""
+    caller.counter.attempts = 0
+    try:
+        answer = caller.client.invoke(single_body(decision))
+    except EndpointError as error:  # an UnreachableError too: status 0, no HTTP answer
+        return Reply(error.status, error=error.message[:300], attempts=caller.counter.attempts)
+    timing = (answer.get("timing") or {}) if isinstance(answer, dict) else {}
+    return Reply(
+        200, queue_seconds=_number(timing.get("queue_seconds")), attempts=caller.counter.attempts
+    )
+
+
+@dataclass(frozen=True)
+class ClientLevel:
+    """Figure 6d: closed-loop clients that are each the project's client. `level` counts
+    calls (a call's time includes its retries); a non-200 is a call that finally failed."""
+
+    level: Level
+    final_failure_statuses: dict[str, int]
+    final_failure_seconds: dict[str, float] | None  # time from a call's start to its failure
+    attempts: dict[str, float]  # per call: p50/p95/p99/max
+    retried_calls: int  # calls that needed more than one attempt
+
+    @property
+    def failure_fraction(self) -> float:
+        return self.level.non_200 / self.level.requests
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "failure_fraction": self.failure_fraction}
+
+
+def summarize_client_level(clients: int, samples: Sequence[Sample]) -> ClientLevel:
+    failed = [s for s in samples if s.reply.status != 200]
+    attempts = [float(s.reply.attempts or 1) for s in samples]
+    return ClientLevel(
+        level=summarize_level(clients, samples),
+        final_failure_statuses=dict(Counter(str(s.reply.status) for s in failed)),
+        final_failure_seconds=latency_summary([s.seconds for s in failed]) if failed else None,
+        attempts=latency_summary(attempts),
+        retried_calls=sum(1 for count in attempts if count > 1),
+    )
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One request of the head-of-line check: its answer's status and the server's timing."""
+
+    status: int
+    sent: float  # time.perf_counter() at send
+    seconds: float  # client wall time
+    queue_seconds: float | None = None
+    scoring_seconds: float | None = None
+    passes: int | None = None
+    input_tokens: int | None = None
+    error: str | None = None
+    attempts: int = 1  # the small decision is sent by the project's client, which retries
+
+
+def read_probe(status: int, sent: float, seconds: float, answer: Any) -> Probe:
+    """A probe from an /invocations answer; a non-200 keeps its error text, and a missing
+    timing field is None (an older server still reports)."""
+    if status != 200 or not isinstance(answer, dict):
+        return Probe(status, sent, seconds, error=str(answer)[:300])
+    timing = answer.get("timing") or {}
+    passes = _number(timing.get("passes"))
+    tokens = _number(timing.get("input_tokens"))
+    if tokens is None:  # a single decision's answer has its tokens in its result
+        tokens = _number((answer.get("result") or {}).get("input_tokens"))
+    return Probe(
+        status,
+        sent,
+        seconds,
+        queue_seconds=_number(timing.get("queue_seconds")),
+        scoring_seconds=_number(timing.get("scoring_seconds")),
+        passes=None if passes is None else int(passes),
+        input_tokens=None if tokens is None else int(tokens),
+    )
+
+
+@dataclass(frozen=True)
+class HeadOfLine:
+    """Figure 6e: a small decision sent while a long shared-state request is being scored
+    over several passes. With round robin it waits at most the pass in flight."""
+
+    decisions: int  # questions in the long request
+    long: Probe
+    small: Probe
+    planned: int = 0  # questions planned; fewer were sent when the server's budget said so
+
+    @property
+    def delay_seconds(self) -> float:
+        return self.small.sent - self.long.sent
+
+    @property
+    def pass_seconds(self) -> float | None:
+        """One pass, from the long request's own timing (its scoring over its passes)."""
+        long = self.long
+        if long.status != 200 or not long.passes or long.scoring_seconds is None:
+            return None
+        return long.scoring_seconds / long.passes
+
+    def problem(self) -> str | None:
+        """Why the figure cannot be read from this run; None when it can."""
+        if self.long.status != 200:
+            return f"the long request got {self.long.status}: {self.long.error}"
+        if self.pass_seconds is None or (self.small.status == 200) != (
+            self.small.queue_seconds is not None
+        ):
+            return "the answers carry no timing.passes, scoring_seconds or queue_seconds"
+        if (self.long.passes or 0) < 2:
+            return "the long request took one pass: nothing to wait behind"
+        return None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "delay_seconds": self.delay_seconds,
+            "pass_seconds": self.pass_seconds,
+            "problem": self.problem(),
+        }
+
+
+_OVER_BUDGET = re.compile(r"needs about ([0-9.]+) s of scoring.*? may take ([0-9.]+) s")
+FIT_MARGIN = 0.8  # a resized request aims at this share of the budget (the speed drifts)
+
+
+def fitted_count(count: int, error: str) -> int | None:
+    """How many of `count` questions fit, from a 400 that says the request needs more time
+    than a request may take at the server's measured speed; None for any other answer or
+    when fewer than 2 would fit."""
+    match = _OVER_BUDGET.search(error)
+    if match is None:
+        return None
+    needed, allowed = float(match[1]), float(match[2])
+    fitted = math.floor(count * FIT_MARGIN * allowed / needed) if needed > 0 else count
+    return fitted if 2 <= fitted < count else None
+
+
+def _post_probe(
+    base_url: str,
+    body: dict[str, Any],
+    transport: httpx.BaseTransport | None,
+    on_send: Callable[[float], object] = lambda sent: None,
+) -> Probe:
+    with httpx.Client(base_url=base_url, timeout=CLIENT_TIMEOUT_S, transport=transport) as http:
+        sent = time.perf_counter()
+        on_send(sent)
+        response = http.post("/invocations", json=body)
+        seconds = time.perf_counter() - sent
+    answer: Any = response.json() if response.status_code == 200 else response.text
+    return read_probe(response.status_code, sent, seconds, answer)
+
+
+def client_probe(caller: ProjectClient, body: dict[str, Any]) -> Probe:
+    """One call of the project's client as a probe: a refusal is retried as the client does
+    (its Retry-After waited), so the time is what the application waits."""
+    caller.counter.attempts = 0
+    sent = time.perf_counter()
+    try:
+        answer = caller.client.invoke(body)
+    except EndpointError as error:
+        return Probe(
+            error.status,
+            sent,
+            time.perf_counter() - sent,
+            error=error.message[:300],
+            attempts=caller.counter.attempts,
+        )
+    probe = read_probe(200, sent, time.perf_counter() - sent, answer)
+    return replace(probe, attempts=caller.counter.attempts)
+
+
+def head_of_line(
+    base_url: str,
+    long: Sequence[Decision],
+    small: Decision,
+    delay_s: float,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    small_client: Callable[[], ProjectClient] | None = None,
+) -> HeadOfLine:
+    """Send the long shared-state request and, `delay_s` later (while its first pass runs),
+    the small decision through the project's client; both answers' timings. The long one
+    is within budget: when the server answers that it would take longer than a request may
+    at its measured speed (a 400, at once), it is sent again with as many questions as fit."""
+    count = len(long)
+    connect = small_client or (lambda: ProjectClient(HttpTransport(base_url)))
+    with ThreadPoolExecutor(max_workers=1) as pool, connect() as caller:
+        while True:
+            sends: SimpleQueue[float] = SimpleQueue()
+            body = shared_body(long[:count])
+            first = pool.submit(_post_probe, base_url, body, transport, sends.put)
+            sent = sends.get(timeout=CLIENT_TIMEOUT_S)  # the delay counts from the send
+            try:
+                answered = first.result(timeout=max(0.0, sent + delay_s - time.perf_counter()))
+            except TimeoutError:
+                break  # being scored
+            fitted = fitted_count(count, answered.error or "") if answered.status == 400 else None
+            if fitted is None:
+                break
+            count = fitted
+        time.sleep(max(0.0, sent + delay_s - time.perf_counter()))
+        second = client_probe(caller, single_body(small))
+        return HeadOfLine(count, first.result(), second, planned=len(long))
+
+
+def measure_overload(server: ServerProcess, plan: Plan, run: ConcurrencyRun) -> None:
+    """Figures 6d and 6e on an idle, warmed-up server: the head-of-line check first (it
+    needs an empty queue), then the project's client at `client_level`."""
+    if plan.head_of_line_decisions:
+        long, small = plan.head_of_line()
+        run.head_of_line = head_of_line(server.base_url, long, small, plan.head_of_line_delay_s)
+    if plan.client_level is not None:
+        samples = run_clients(
+            plan.client_decisions(),
+            plan.client_level,
+            lambda: ProjectClient(HttpTransport(server.base_url)),
+            send_with_client,
+        )
+        run.client = summarize_client_level(plan.client_level, samples)
+
+
 # -- the phase ----------------------------------------------------------------------------
 
 
@@ -317,9 +639,13 @@ class ConcurrencyRun:
     peer: dict[int, Level] = field(default_factory=dict)
     peer_build: dict[str, object] | None = None
     peer_skipped: str | None = None
+    client: ClientLevel | None = None  # figure 6d
+    head_of_line: HeadOfLine | None = None  # figure 6e
 
     @property
     def limit_throughput(self) -> float:
+        if not self.limit_seconds:  # --overload-only measures no limit
+            return math.nan
         return self.limit_prompts / statistics.median(self.limit_seconds)
 
     def as_json(self) -> dict[str, Any]:
@@ -341,6 +667,8 @@ class ConcurrencyRun:
             "peer": [level.as_json() for level in self.peer.values()],
             "peer_build": self.peer_build,
             "peer_skipped": self.peer_skipped,
+            "client": self.client.as_json() if self.client else None,
+            "head_of_line": self.head_of_line.as_json() if self.head_of_line else None,
         }
 
 
@@ -358,9 +686,10 @@ class BatchLimit(InProcessModel):
     def __init__(self, settings: Settings, plan: Plan) -> None:
         super().__init__(settings)
         prompts = [self._prompt(d).tokens for d in plan.decisions("distinct", plan.compare_level)]
-        self.calls = [
-            prompts[i : i + plan.compare_level] for i in range(0, len(prompts), plan.compare_level)
-        ]
+        # As many prompts a call as the level has clients, or as the engine's streams hold
+        # (SEMIF_KV_MEMORY may give it fewer sequences a pass).
+        width = min(plan.compare_level, self.engine.max_branches)
+        self.calls = [prompts[i : i + width] for i in range(0, len(prompts), width)]
         self.peer = {
             n: [self._prompt(d) for d in plan.decisions("distinct", n)] for n in plan.peer_levels
         }
@@ -407,10 +736,13 @@ def measure_concurrency(
     n_gpu_layers: int,
     peer: PeerBinary | None,
     peer_skipped: str | None = None,
+    overload_only: bool = False,
 ) -> ConcurrencyRun:
     """Our server (batching on, every level, both workloads) with the in-process limit
-    and our server with batching off taken next to its compare level, then llama-server
-    at each peer level: one at a time (the idle ones only hold memory)."""
+    and our server with batching off taken next to its compare level, then on the same
+    server the head-of-line check and the project's client (figures 6d and 6e), then
+    llama-server at each peer level: one at a time (the idle ones only hold memory).
+    `overload_only` runs figures 6d and 6e alone, on a fresh server."""
     run = ConcurrencyRun(plan=plan, peer_skipped=peer_skipped)
     settings = Settings(
         gguf_path=gguf,
@@ -419,6 +751,11 @@ def measure_concurrency(
         weight_buffers=weight_buffers_setting(),
     )
     options: dict[str, Any] = {"log_dir": log_dir, "threads": threads, "n_gpu_layers": n_gpu_layers}
+    if overload_only:
+        with serve_model(gguf, **options) as server:
+            _warm_up(server, send_decision, WARM_UP)
+            measure_overload(server, plan, run)
+        return run
     with (
         BatchLimit(settings, plan) as limit,
         serve_model(gguf, **options) as server,
@@ -436,6 +773,7 @@ def measure_concurrency(
                 if compare:
                     run.serial = _level(serial, plan, workload, clients)
                     limit.measure(run, plan.limit_repeats // 2)
+        measure_overload(server, plan, run)
         peer_warm_up, peer_prompts = limit.warm_up, limit.peer
     if peer is not None:
         run.peer_build = peer.info
@@ -486,7 +824,49 @@ def format_levels(run: ConcurrencyRun) -> str:
             + f"{(level.refusal_seconds or {}).get('p95', math.nan):>8.2f}"
             + f"{'{}-{}'.format(*level.ok_per_client):>10}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + overload_lines(run))
+
+
+def overload_lines(run: ConcurrencyRun) -> list[str]:
+    """Figures 6d and 6e in words: the project's client's final failures and how long they
+    took; the small decision's wait behind the long request, in passes."""
+    lines = []
+    if run.client is not None:
+        level, client = run.client.level, run.client
+        failed = client.final_failure_seconds or {}
+        lines.append(
+            f"project client, {level.clients} clients: {level.non_200} of {level.requests} "
+            f"calls failed after retries ({100 * client.failure_fraction:.1f} %), time to a "
+            f"final failure p50 {failed.get('p50', math.nan):.1f} s, max "
+            f"{failed.get('max', math.nan):.1f} s; answered calls p50 "
+            f"{level.latency_seconds['p50']:.1f} s, p95 {level.latency_seconds['p95']:.1f} s; "
+            f"attempts per call p50 {client.attempts['p50']:.0f}, max "
+            f"{client.attempts['max']:.0f}; {level.decisions_per_second:.2f} decisions/s"
+        )
+    if run.head_of_line is not None:
+        check = run.head_of_line
+        problem = check.problem()
+        if problem is not None:
+            lines.append(f"head of line: not measured ({problem})")
+        else:
+            one = check.pass_seconds or math.nan
+            queue = check.small.queue_seconds or 0.0
+            small_failed = check.small.status != 200
+            lines.append(
+                f"head of line: {check.decisions} questions in {check.long.passes} passes of "
+                f"{one:.2f} s ({check.long.input_tokens} prompt tokens, {check.long.seconds:.1f} "
+                f"s); a {check.small.input_tokens}-token decision sent "
+                f"{check.delay_seconds:.2f} s later ({check.small.attempts} attempts by the "
+                + (
+                    f"project's client) finally failed after {check.small.seconds:.2f} s "
+                    f"({check.small.seconds / one:.2f} passes): {check.small.error}"
+                    if small_failed
+                    else f"project's client) queued {queue:.2f} s "
+                    f"({queue / one:.2f} passes) and took {check.small.seconds:.2f} s "
+                    f"({check.small.seconds / one:.2f} passes)"
+                )
+            )
+    return lines
 
 
 def write_plot(run: ConcurrencyRun, path: Path) -> Path:

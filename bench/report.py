@@ -93,6 +93,8 @@ FULL = Sizes(
         requests_per_client=3,
         min_requests=24,
         limit_repeats=3,
+        client_level=64,
+        head_of_line_decisions=64,
     ),
 )
 SMOKE = Sizes(
@@ -108,6 +110,8 @@ SMOKE = Sizes(
         requests_per_client=2,
         min_requests=4,
         limit_repeats=1,
+        client_level=8,
+        head_of_line_decisions=6,
     ),
 )
 
@@ -137,6 +141,9 @@ class Figure:
     unit: str
     goal: Goal | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # Set when what was measured failed outright (e.g. the request was never answered):
+    # `measured` is then only how long it took to fail, and the verdict is MISS.
+    failure: str | None = None
 
     @property
     def ratio(self) -> float:
@@ -146,7 +153,7 @@ class Figure:
     def verdict(self) -> str:
         if self.goal is None:
             return "-"
-        return "PASS" if self.goal.met(self.ratio) else "MISS"
+        return "PASS" if self.failure is None and self.goal.met(self.ratio) else "MISS"
 
     def line(self) -> str:
         def show(value: float) -> str:
@@ -160,7 +167,7 @@ class Figure:
         return (
             f"{self.title}: {self.measured_label} {show(self.measured)} / "
             f"{self.reference_label} {show(self.reference)} = {self.ratio:.3f}  "
-            f"({goal}) {self.verdict}"
+            f"({goal}) {self.verdict}" + (f" - failed: {self.failure}" if self.failure else "")
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -174,6 +181,7 @@ class Figure:
             "ratio": self.ratio,
             "goal": str(self.goal) if self.goal else None,
             "verdict": self.verdict,
+            "failure": self.failure,
             "details": self.details,
         }
 
@@ -242,12 +250,26 @@ class ForwardLimit(InProcessModel):
         return timed(partial(self.engine.score, [tokens]))[1]
 
     def shared(self, decisions: Sequence[Decision]) -> tuple[BatchTiming, float]:
-        """One cold call scoring a shared-state request's prompts: the state once, then
-        every suffix in one batch."""
+        """Cold calls scoring a shared-state request's prompts: the state once, then every
+        suffix in one batch (as many batches as the engine's streams need: SEMIF_KV_MEMORY
+        may give it fewer sequences a pass than prompts)."""
         prompts = [tokens for _, tokens in self.service.render(decisions, "shared")]
+        width = self.engine.max_branches
         self.engine.reset()
-        (_, timing), seconds = timed(partial(self.engine.score, prompts))
-        return timing, seconds
+
+        def score_all() -> list[BatchTiming]:
+            return [
+                self.engine.score(prompts[i : i + width])[1] for i in range(0, len(prompts), width)
+            ]
+
+        timings, seconds = timed(score_all)
+        return BatchTiming(
+            input_tokens=sum(t.input_tokens for t in timings),
+            reused_tokens=sum(t.reused_tokens for t in timings),
+            evaluated_tokens=sum(t.evaluated_tokens for t in timings),
+            pad_tokens=sum(t.pad_tokens for t in timings),
+            seconds=seconds,
+        ), seconds
 
     def follow_up(self, first: Decision, second: Decision) -> float:
         """The second prompt's forward right after the first: its suffix alone."""
@@ -469,10 +491,112 @@ def zero_error_throughput(clients: int) -> dict[str, float]:
     }
 
 
+# Figure 6d: of the calls the project's client makes at the overload level, at most this
+# share may finally fail after its retries. A refused call keeps no place in line, so which
+# waiting client gets a freed place is close to chance. An estimate for a quiet 2-core
+# machine (~2 decisions/s, ~20 s of work admitted, so ~20 of 64 clients waiting out a
+# Retry-After): one waits ~10 s on average, and about e^-3, 5 %, pass the 30 s retry
+# budget. Issue 22 measured 19.6 % before refusal at arrival.
+CLIENT_FAILURE_GOAL = 0.05
+# Figure 6e, in passes of the long request: with round robin the small decision waits at
+# most the pass in flight when it arrives (~1 pass, minus the delay) and then rides in the
+# next one (~2 in all); first come, first served would hold it for every remaining pass, and
+# so does a refusal at arrival that counts all of the long request's passes as work ahead
+# (the latency is the project's client's: refusals and Retry-After waits included).
+HEAD_OF_LINE_QUEUE_GOAL = 1.5
+HEAD_OF_LINE_LATENCY_GOAL = 3.0
+
+
+def overload_figures(run: ConcurrencyRun) -> list[Figure]:
+    """Figures 6d (the project's client: calls that finally fail) and 6e (a small
+    decision's wait behind a long request, in passes); a head-of-line check that could not
+    be read (a failed request, no timing) says why on the terminal and in the JSON."""
+    figures = []
+    if run.client is not None:
+        client, level = run.client, run.client.level
+        figures.append(
+            Figure(
+                f"concurrency_client_failures_c{level.clients}",
+                f"6d Project client, {level.clients} clients: calls failed after retries",
+                float(level.non_200),
+                "failed calls",
+                float(level.requests),
+                "calls",
+                "calls",
+                Goal("<=", CLIENT_FAILURE_GOAL),
+                {
+                    "failure_fraction": client.failure_fraction,
+                    "final_failure_statuses": client.final_failure_statuses,
+                    "final_failure_seconds": client.final_failure_seconds,
+                    "attempts_per_call": client.attempts,
+                    "retried_calls": client.retried_calls,
+                    "ok_per_client_min_max": list(level.ok_per_client),
+                    "first_error": level.first_error,
+                    "retry_policy": "DecisionClient defaults (30 s budget, Retry-After + jitter)",
+                    **_brief(level),
+                },
+            )
+        )
+    check = run.head_of_line
+    if check is not None and check.problem() is None and check.pass_seconds is not None:
+        details = {
+            "long_questions": check.decisions,
+            "long_questions_planned": check.planned,
+            "long_passes": check.long.passes,
+            "long_prompt_tokens": check.long.input_tokens,
+            "long_seconds": check.long.seconds,
+            "long_queue_seconds": check.long.queue_seconds,
+            "long_scoring_seconds": check.long.scoring_seconds,
+            "small_prompt_tokens": check.small.input_tokens,
+            "small_sent_after_seconds": check.delay_seconds,
+            "small_seconds": check.small.seconds,
+            "small_queue_seconds": check.small.queue_seconds,
+            "small_attempts": check.small.attempts,  # > 1: refused at arrival, retried
+            "small_status": check.small.status,
+        }
+        failure = (
+            None
+            if check.small.status == 200
+            else f"the small decision got {check.small.status}: {check.small.error}"
+        )
+        if failure is None:
+            figures.append(
+                Figure(
+                    "head_of_line_queue",
+                    "6e Head of line: small decision's queue wait, in passes",
+                    check.small.queue_seconds or 0.0,
+                    "small decision timing.queue_seconds",
+                    check.pass_seconds,
+                    f"one pass of the {check.long.passes}-pass request",
+                    "seconds",
+                    Goal("<=", HEAD_OF_LINE_QUEUE_GOAL),
+                    details,
+                )
+            )
+        figures.append(
+            Figure(
+                "head_of_line_latency",
+                "6e Head of line: small decision's latency (project client), in passes",
+                check.small.seconds,
+                "small decision latency" if failure is None else "small decision time to fail",
+                check.pass_seconds,
+                f"one pass of the {check.long.passes}-pass request",
+                "seconds",
+                Goal("<=", HEAD_OF_LINE_LATENCY_GOAL),
+                details,
+                failure,
+            )
+        )
+    return figures
+
+
 def concurrency_figures(run: ConcurrencyRun) -> list[Figure]:
     """Figures 6 and 7: goodput under overload (each level above the compare level against
-    it), throughput against its limit and against batching off, and throughput and p95
-    against llama-server, on distinct states."""
+    it), throughput against its limit and against batching off, the project's client under
+    overload and the head-of-line wait, and throughput and p95 against llama-server, on
+    distinct states."""
+    if "distinct" not in run.ours:  # --overload-only
+        return overload_figures(run)
     ours = run.ours["distinct"]
     compare = ours[run.plan.compare_level]
     n = compare.clients
@@ -531,6 +655,7 @@ def concurrency_figures(run: ConcurrencyRun) -> list[Figure]:
                 {"batching_on": _brief(compare), "batching_off": _brief(run.serial)},
             )
         )
+    figures += overload_figures(run)
     for clients, theirs in run.peer.items():
         mine = ours[clients]
         details = {
@@ -599,8 +724,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-concurrency", action="store_true", help="skip the concurrency figures (6, 7)"
     )
+    parser.add_argument(
+        "--overload-only",
+        action="store_true",
+        help="only figures 6d and 6e (the project's client under overload, head-of-line wait)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.overload_only and args.no_concurrency:
+        parser.error("--overload-only measures concurrency figures; drop --no-concurrency")
+    return args
 
 
 def environment(args: argparse.Namespace, gguf: Path, sizes: Sizes) -> dict[str, Any]:
@@ -659,9 +792,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     gguf = args.gguf or fetch_embedded_model(DEFAULT_MODEL_CACHE)
     report: dict[str, Any] = {"schema": SCHEMA, "run": environment(args, gguf, sizes)}
     # Built before anything is measured: a build failure ends the run at once.
-    peer, peer_skipped = (None, None) if args.no_concurrency else peer_binary(args)
+    peer, peer_skipped = (
+        (None, None)
+        if args.no_concurrency
+        else (None, "--overload-only")
+        if args.overload_only
+        else peer_binary(args)
+    )
     samples = Samples()
-    for index in range(sizes.rounds):
+    for index in range(0 if args.overload_only else sizes.rounds):
         print(
             f"round {index + 1}/{sizes.rounds}: limit, serve, serve with reuse"
             + ("" if args.no_peer else ", llama-cpp-python server"),
@@ -671,12 +810,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             sizes.singles, sizes.shared, sizes.state_events, sizes.repeats, index
         )
         run_round(gguf, args, workload, samples)
-    figures = build_figures(samples, gguf.stat().st_size)
+    figures = [] if args.overload_only else build_figures(samples, gguf.stat().st_size)
     concurrency = None
     if not args.no_concurrency:
         plan = sizes.concurrency
         print(
-            f"concurrency: limit, serve at {plan.levels} clients, batching off, "
+            f"concurrency: head of line ({plan.head_of_line_decisions} questions), the "
+            f"project's client at {plan.client_level} clients"
+            if args.overload_only
+            else f"concurrency: limit, serve at {plan.levels} clients, batching off, head of "
+            f"line, the project's client at {plan.client_level} clients, "
             + (
                 f"llama-server at {plan.peer_levels}"
                 if peer
@@ -692,6 +835,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             n_gpu_layers=args.n_gpu_layers,
             peer=peer,
             peer_skipped=peer_skipped,
+            overload_only=args.overload_only,
         )
         figures += concurrency_figures(concurrency)
         report["concurrency"] = concurrency.as_json()
@@ -710,13 +854,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     if samples.peer:
         series["llama-cpp-python server"] = samples.peer
-    png_path = write_histogram(
-        series, args.out / "bench-report-latency.png", "single decisions: servers vs raw forward"
+    png_path = (
+        None
+        if args.overload_only
+        else write_histogram(
+            series,
+            args.out / "bench-report-latency.png",
+            "single decisions: servers vs raw forward",
+        )
     )
     if concurrency is not None:
         print(format_levels(concurrency))
-        plot = write_concurrency_plot(concurrency, args.out / "bench-report-concurrency.png")
-        print(f"concurrency plot: {plot}")
+        if not args.overload_only:
+            plot = write_concurrency_plot(concurrency, args.out / "bench-report-concurrency.png")
+            print(f"concurrency plot: {plot}")
     load = report["run"]["load_average_at_start"]
     print(
         f"\n{gguf.name}, {args.threads} threads, n_gpu_layers {args.n_gpu_layers}, "
@@ -724,7 +875,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     for figure in figures:
         print(figure.line())
-    print(f"JSON: {json_path}\nhistogram: {png_path}")
+    print(f"JSON: {json_path}" + (f"\nhistogram: {png_path}" if png_path else ""))
 
 
 if __name__ == "__main__":

@@ -104,6 +104,43 @@ def shared_decisions(state: str, count: int) -> list[Decision]:
     ]
 
 
+# Who asks: with these, one state can be asked up to 4 x 16 = 64 different questions (the
+# server's SEMIF_MAX_SHARED_DECISIONS), each its own prompt suffix.
+_ASKERS = ("the billing team", "technical support", "the sales team", "the account manager")
+MAX_MANY = len(_ASKERS) * MAX_SHARED
+# How to read the history, after each question: ~100 SmolLM2 tokens that every prompt of a
+# long request decodes on its own (they follow the point where its prompt diverges).
+_RULES = (
+    "Answer for {asker}. Weigh only the events dated in the history above. A ticket that "
+    "was closed no longer counts as open, a refund ends the payment problem it refunded, and "
+    "a blocked login counts as a security event even when a later challenge passed. When two "
+    "options fit equally well, prefer the one that needs the least work from {asker} this "
+    "week, and do not assume facts that the history does not state."
+)
+
+
+def many_questions(state: str, count: int) -> list[Decision]:
+    """`count` (1..64) different questions about one state: the 16 shared questions, each
+    asked for up to four teams in turn with the rules for reading the history, so no two
+    prompts are the same and each decodes a suffix of ~160 tokens (one long shared-state
+    request that takes several passes)."""
+    if not 1 <= count <= MAX_MANY:
+        raise ValueError(f"many questions: 1..{MAX_MANY}, got {count}")
+    decisions = []
+    for index in range(count):
+        question, options = _SHARED_QUESTIONS[index % MAX_SHARED]
+        asker = _ASKERS[index // MAX_SHARED]
+        decisions.append(
+            Decision(
+                id=f"m{index:02d}",
+                state=state,
+                question=f"{question} {_RULES.format(asker=asker)}",
+                options=tuple(Option(option_id, text) for option_id, text in options),
+            )
+        )
+    return decisions
+
+
 def concurrent_decisions(
     count: int, *, series: int, events: int, shared_every: int | None = None
 ) -> list[Decision]:

@@ -44,6 +44,28 @@ def byte_level_alphabet() -> list[str]:
     return [chars[byte] for byte in range(256)]
 
 
+@dataclass(frozen=True)
+class TinyVocabulary:
+    """The byte-level BPE vocabulary every tiny model shares: 256 byte tokens, a few merges,
+    then the control tokens (in that order, so token ids agree across the tiny models)."""
+
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[tuple[str, str]]
+
+
+def tiny_vocabulary(*, fuse_answer_letter: bool = False) -> TinyVocabulary:
+    """The tiny models' vocabulary; `fuse_answer_letter` adds the merge "t"+"A" (see the
+    module docstring)."""
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġ", "a"), ("i", "n")]
+    if fuse_answer_letter:
+        merges.append(("t", "A"))
+    tokens = [*byte_level_alphabet(), *("".join(pair) for pair in merges), *SPECIAL_TOKENS]
+    n_normal = len(tokens) - len(SPECIAL_TOKENS)
+    token_types = [_TOKEN_NORMAL] * n_normal + [_TOKEN_CONTROL] * len(SPECIAL_TOKENS)
+    return TinyVocabulary(tokens, token_types, merges)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LlamaHeader:
     """The GGUF metadata of a random llama with this module's byte-level BPE tokenizer."""
@@ -102,15 +124,10 @@ def write_tiny_gguf(
     """Write the model to `path` and return it; the same arguments give the same bytes."""
     import gguf  # the writer is only needed here, not by importers of CHAT_TEMPLATE
 
-    alphabet = byte_level_alphabet()
-    merges = [("Ġ", "t"), ("h", "e"), ("Ġ", "a"), ("i", "n")]
+    vocab = tiny_vocabulary(fuse_answer_letter=fuse_answer_letter)
     if fuse_answer_letter:
-        merges.append(("t", "A"))
         chat_template = _FUSING_TEMPLATE
-    tokens = [*alphabet, *("".join(pair) for pair in merges), *SPECIAL_TOKENS]
-    token_types = [_TOKEN_NORMAL] * (len(tokens) - len(SPECIAL_TOKENS)) + [_TOKEN_CONTROL] * len(
-        SPECIAL_TOKENS
-    )
+    tokens, token_types, merges = vocab.tokens, vocab.token_types, vocab.merges
     n_vocab = len(tokens)
     n_head = 2
     n_ff = 2 * n_embd
@@ -148,6 +165,121 @@ def write_tiny_gguf(
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             writer.add_tensor(f"{prefix}.{name}.weight", weights(n_embd, n_embd))
         writer.add_tensor(f"{prefix}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.ffn_gate.weight", weights(n_ff, n_embd))
+        writer.add_tensor(f"{prefix}.ffn_up.weight", weights(n_ff, n_embd))
+        writer.add_tensor(f"{prefix}.ffn_down.weight", weights(n_embd, n_ff))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+_QWEN35_ROPE_SECTIONS = (6, 5, 5, 0)  # IMROPE text/height/width/extra pairs; 16 = head_dim / 2
+
+
+def write_tiny_hybrid_gguf(
+    path: Path,
+    *,
+    chat_template: str | None = CHAT_TEMPLATE,
+    fuse_answer_letter: bool = False,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layer: int = 4,
+    full_attention_interval: int = 4,
+    context_length: int = 2048,
+) -> Path:
+    """Write a tiny random Qwen3.5 (llama.cpp architecture `qwen35`) to `path` and return it;
+    the same arguments give the same bytes.
+
+    Qwen3.5 is a hybrid: gated-delta-net layers keep one recurrent state per sequence (no
+    per-token cells), and every `full_attention_interval`-th layer is full attention with a
+    per-token KV cache. Such a model's memory can copy a whole sequence exactly but refuses
+    to drop a sequence's tail, which the adapter's prefix reuse must respect; this model lets
+    tests exercise that path in milliseconds, with the same tokenizer and chat template as
+    `write_tiny_gguf`. The default is the production layout in miniature: three recurrent
+    layers then one attention layer, with more value heads than key heads (as in Qwen3.5)
+    and grouped-query attention. Tensor shapes follow llama.cpp's `llama_model_qwen35`
+    loader (src/models/qwen35.cpp in llama-cpp-python 0.3.36); weights are f32.
+    """
+    import gguf
+
+    vocab = tiny_vocabulary(fuse_answer_letter=fuse_answer_letter)
+    if fuse_answer_letter:
+        chat_template = _FUSING_TEMPLATE
+    n_vocab = len(vocab.tokens)
+    n_head, n_head_kv = 2, 1
+    head_dim = n_embd // n_head
+    n_ff = 2 * n_embd
+    # Gated delta net: key heads (ssm.group_count) x state size for q and k, value heads
+    # (ssm.time_step_rank) x state size for v; llama.cpp needs inner size = value dim.
+    d_state, n_k_heads, n_v_heads, d_conv = 16, 2, 4, 4
+    key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
+    conv_dim = 2 * key_dim + value_dim
+    rng = np.random.default_rng(seed)
+
+    def weights(*shape: int) -> np.ndarray:  # numpy order: ggml's dimensions reversed
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    def ones(size: int) -> np.ndarray:
+        return np.ones(size, dtype=np.float32)
+
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN35])
+    add_llama_header(
+        writer,
+        LlamaHeader(
+            name="tiny-random-qwen35",
+            file_type=gguf.LlamaFileType.ALL_F32,
+            context_length=context_length,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_ff=n_ff,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            rms_eps=1e-6,
+            tokens=vocab.tokens,
+            token_types=vocab.token_types,
+            merges=vocab.merges,
+            chat_template=chat_template,
+        ),
+    )
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_sections(list(_QWEN35_ROPE_SECTIONS))
+    writer.add_full_attention_interval(full_attention_interval)
+    writer.add_ssm_conv_kernel(d_conv)
+    writer.add_ssm_inner_size(value_dim)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(n_v_heads)
+    writer.add_ssm_group_count(n_k_heads)
+
+    writer.add_tensor("token_embd.weight", weights(n_vocab, n_embd))
+    writer.add_tensor("output_norm.weight", ones(n_embd))
+    writer.add_tensor("output.weight", weights(n_vocab, n_embd))
+    for layer in range(n_layer):
+        prefix = f"blk.{layer}"
+        writer.add_tensor(f"{prefix}.attn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{prefix}.post_attention_norm.weight", ones(n_embd))
+        if (layer + 1) % full_attention_interval == 0:  # full attention, llama.cpp's rule
+            # attn_q carries the query and its output gate, interleaved per head.
+            writer.add_tensor(f"{prefix}.attn_q.weight", weights(2 * n_head * head_dim, n_embd))
+            writer.add_tensor(f"{prefix}.attn_k.weight", weights(n_head_kv * head_dim, n_embd))
+            writer.add_tensor(f"{prefix}.attn_v.weight", weights(n_head_kv * head_dim, n_embd))
+            writer.add_tensor(f"{prefix}.attn_output.weight", weights(n_embd, n_head * head_dim))
+            writer.add_tensor(f"{prefix}.attn_q_norm.weight", ones(head_dim))
+            writer.add_tensor(f"{prefix}.attn_k_norm.weight", ones(head_dim))
+        else:  # gated delta net
+            writer.add_tensor(f"{prefix}.attn_qkv.weight", weights(conv_dim, n_embd))
+            writer.add_tensor(f"{prefix}.attn_gate.weight", weights(value_dim, n_embd))
+            writer.add_tensor(f"{prefix}.ssm_conv1d.weight", weights(conv_dim, d_conv))
+            writer.add_tensor(f"{prefix}.ssm_dt.bias", weights(n_v_heads))
+            # ssm_a is -exp(A_log): negative, so the state decays.
+            writer.add_tensor(f"{prefix}.ssm_a", -np.exp(weights(n_v_heads)))
+            writer.add_tensor(f"{prefix}.ssm_beta.weight", weights(n_v_heads, n_embd))
+            writer.add_tensor(f"{prefix}.ssm_alpha.weight", weights(n_v_heads, n_embd))
+            writer.add_tensor(f"{prefix}.ssm_norm.weight", ones(d_state))
+            writer.add_tensor(f"{prefix}.ssm_out.weight", weights(n_embd, value_dim))
         writer.add_tensor(f"{prefix}.ffn_gate.weight", weights(n_ff, n_embd))
         writer.add_tensor(f"{prefix}.ffn_up.weight", weights(n_ff, n_embd))
         writer.add_tensor(f"{prefix}.ffn_down.weight", weights(n_embd, n_ff))

@@ -14,13 +14,27 @@ from starlette.testclient import TestClient
 
 from adapter.settings import Settings
 from model_build.embedded import fetch_embedded_model
-from model_build.tiny_gguf import write_tiny_gguf
+from model_build.tiny_gguf import write_tiny_gguf, write_tiny_hybrid_gguf
 from tests.support.serving import MODEL_CACHE, serving
 
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The production architecture in miniature: Qwen3.5 (`qwen35`), three recurrent layers
+    then one attention layer, with the same tokenizer and chat template as `tiny_gguf`."""
+    return write_tiny_hybrid_gguf(tmp_path_factory.mktemp("hybrid") / "tiny-qwen35.gguf")
+
+
+@pytest.fixture(params=["llama", "qwen35"])
+def tiny_any_gguf(request: pytest.FixtureRequest, tiny_gguf: Path, tiny_hybrid_gguf: Path) -> Path:
+    """Both memory kinds: attention only (prefixes cut and copied) and hybrid (whole streams,
+    checkpoints); tests that take it run on each."""
+    return tiny_gguf if request.param == "llama" else tiny_hybrid_gguf
 
 
 @pytest.fixture

@@ -73,15 +73,28 @@ class Price:
 
     def passes(self, pass_rows: int, max_sequences: int) -> int:
         """Passes it needs alone (the scheduler packs others alongside, never fewer)."""
-        count, rows, sequences = 1, 0, 0
-        for cost in self.prompts:
+        return len(self._pass_starts(0, pass_rows, max_sequences))
+
+    def next_pass(self, start: int, pass_rows: int, max_sequences: int) -> int:
+        """The charge of its next pass alone, from prompt `start` on: what a request queued
+        behind it waits for when requests take turns pass by pass."""
+        starts = self._pass_starts(start, pass_rows, max_sequences)
+        end = starts[1] if len(starts) > 1 else len(self.prompts)
+        return self.charge(start) - self.charge(end)
+
+    def _pass_starts(self, start: int, pass_rows: int, max_sequences: int) -> list[int]:
+        """Where each pass of its own begins, packing its prompts in order from `start`."""
+        starts, rows, sequences = [start], 0, 0
+        for index in range(start, len(self.prompts)):
+            cost = self.prompts[index]
             if (rows or sequences) and (
                 rows + cost.rows > pass_rows or sequences + cost.sequences > max_sequences
             ):
-                count, rows, sequences = count + 1, 0, 0
+                starts.append(index)
+                rows, sequences = 0, 0
             rows += cost.rows
             sequences += cost.sequences
-        return count
+        return starts
 
 
 def price(

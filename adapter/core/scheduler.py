@@ -188,10 +188,12 @@ class Scheduler:
         """Refuse at once, not after the wait: when the work queued ahead, at the speed of
         recent passes, already takes longer than SEMIF_QUEUE_TIMEOUT_S, a request admitted
         now would only wait to be refused. The caller retries after the excess (its
-        client's retries do the waiting, without holding a place in the queue)."""
+        client's retries do the waiting, without holding a place in the queue). With prefix
+        reuse requests take turns pass by pass, so a newcomer waits for the next pass of each
+        request ahead, not for all of a long one; without, a request keeps its passes."""
         if self._row_seconds is None:
             return
-        ahead = sum(job.price.charge(job.done) for job in self._queue)
+        ahead = sum(self._ahead(job) for job in self._queue)
         wait = ahead * self._row_seconds
         if wait > self.queue_timeout_seconds:
             raise UnavailableError(
@@ -201,6 +203,12 @@ class Scheduler:
                 retry_after=max(1, min(30, math.ceil(wait - self.queue_timeout_seconds))),
                 cause="overloaded",
             )
+
+    def _ahead(self, job: _Job) -> int:
+        """The work of `job` a request arriving now waits for (see _refuse_if_overloaded)."""
+        if not self.engine.prefix_reuse:
+            return job.price.charge(job.done)
+        return job.price.next_pass(job.done, self.pass_rows, self.engine.max_branches)
 
     def _retry_after(self, waiting: int) -> int:
         """Seconds until the queue has likely drained by a batch's worth."""

@@ -35,6 +35,14 @@ def model(tiny_gguf: Path) -> Iterator[LoadedModel]:
 
 
 @pytest.fixture
+def any_model(tiny_any_gguf: Path) -> Iterator[LoadedModel]:
+    """The tiny model of each memory kind: attention only (llama) and hybrid (qwen35)."""
+    loaded = open_test_model(tiny_any_gguf)
+    yield loaded
+    loaded.engine.close()
+
+
+@pytest.fixture
 def engine(model: LoadedModel) -> LlamaEngine:
     return model.engine
 
@@ -76,8 +84,8 @@ def _probabilities(
     return [result["probabilities"] for result in response["results"]]
 
 
-def test_shared_batch_matches_each_decision_alone(model: LoadedModel) -> None:
-    service, engine = service_of(model), model.engine
+def test_shared_batch_matches_each_decision_alone(any_model: LoadedModel) -> None:
+    service, engine = service_of(any_model), any_model.engine
     shared = decide(service, questions(), "shared")
     timing = shared["timing"]
     # One pass: the prompts' shared state costs its rows once (adapter.core.scheduler).
@@ -109,8 +117,11 @@ def test_request_wider_than_one_pass_is_split_over_passes(tiny_gguf: Path) -> No
         narrow.engine.close()
 
 
-def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
-    service, engine = service_of(model), model.engine
+def test_prefix_reuse_evaluates_only_the_new_suffix(any_model: LoadedModel) -> None:
+    """A new question about a resident state decodes its question and options. Attention
+    memory reuses the whole common prefix; whole-stream memory (hybrid) the checkpoint the
+    first request left where its state ends, so a repeat decodes the question again."""
+    service, engine = service_of(any_model), any_model.engine
     first, second = questions()[:2]
     cold = decide(service, [first], "single")
     assert cold["timing"]["reused_tokens"] == 0
@@ -119,18 +130,48 @@ def test_prefix_reuse_evaluates_only_the_new_suffix(model: LoadedModel) -> None:
     tokens = warm["results"][0]["input_tokens"]
     suffix = warm["timing"]["evaluated_tokens"]
     assert warm["timing"]["reused_tokens"] + suffix == tokens
-    # Reuse is the whole common prefix (system prompt and state).
     ((_, first_tokens),) = service.render([first], "single")
     ((_, second_tokens),) = service.render([second], "single")
     common = common_prefix_length(first_tokens, second_tokens)
-    assert warm["timing"]["reused_tokens"] == common
     assert warm["timing"]["reused_tokens"] > len(engine.vocab.tokenize(STATE))
     assert suffix < tokens / 2  # the question and options
     repeat = decide(service, [second], "single")
+    assert repeat["results"][0]["probabilities"] == warm["results"][0]["probabilities"]
+    if engine.recurrent:
+        # Up to where the question starts (the checkpoint the first request left), no more
+        # for the repeat: its stream ends after its last token, which it must decode again.
+        assert warm["timing"]["reused_tokens"] == common
+        assert repeat["timing"]["evaluated_tokens"] == suffix
+        return
+    # Reuse is the whole common prefix (system prompt and state).
+    assert warm["timing"]["reused_tokens"] == common
     # Fully resident: only its last MIN_ROWS tokens are decoded again (exact path).
     assert repeat["timing"]["evaluated_tokens"] == MIN_ROWS
     assert repeat["timing"]["pad_tokens"] == MIN_ROWS - 1
-    assert repeat["results"][0]["probabilities"] == warm["results"][0]["probabilities"]
+
+
+def test_whole_stream_memory_costs_what_prefix_memory_does(
+    tiny_gguf: Path, tiny_hybrid_gguf: Path
+) -> None:
+    """The hybrid-model targets, against the llama of the same size and tokenizer: a new
+    question about a resident state within 1.2x of its cost there, and a question about a
+    new state reusing the system turn (as there)."""
+    costs: dict[bool, list[dict[str, int]]] = {}
+    for gguf in (tiny_gguf, tiny_hybrid_gguf):
+        loaded = open_test_model(gguf)
+        try:
+            service = service_of(loaded)
+            asked = [decide(service, [question], "single") for question in questions()[:2]]
+            new_state = Decision(
+                "other", "A different order, lost in transit.", "Which?", questions()[0].options
+            )
+            asked.append(decide(service, [new_state], "single"))
+            costs[loaded.engine.recurrent] = [answer["timing"] for answer in asked]
+        finally:
+            loaded.engine.close()
+    (_, llama_new, llama_other), (_, hybrid_new, hybrid_other) = costs[False], costs[True]
+    assert hybrid_new["evaluated_tokens"] <= 1.2 * llama_new["evaluated_tokens"]
+    assert hybrid_other["reused_tokens"] == llama_other["reused_tokens"] > 0
 
 
 def test_a_refused_cut_scores_from_scratch_and_keeps_the_instance(
@@ -172,9 +213,9 @@ def test_prefix_reuse_can_be_disabled(tiny_gguf: Path) -> None:
 
 
 def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
-    tiny_gguf: Path,
+    tiny_any_gguf: Path,
 ) -> None:
-    fresh = open_test_model(tiny_gguf, prefix_reuse=False)
+    fresh = open_test_model(tiny_any_gguf, prefix_reuse=False)
     try:
         fresh.engine.pass_rows = 64  # below one prompt: every question is a pass of its own
         service = service_of(fresh)
@@ -182,7 +223,8 @@ def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
         prompts = [tokens for _, tokens in service.render(questions(), "shared")]
         state = common_prefix_length(prompts[0], prompts[1])
         assert asked["timing"]["passes"] == len(prompts)
-        # Later passes continue from the first one's stream: the state is decoded once.
+        # Later passes continue from the first one's stream (or, on whole-stream memory,
+        # from the checkpoint it left where the state ends): the state is decoded once.
         once = sum(len(prompt) for prompt in prompts) - (len(prompts) - 1) * (state - MIN_ROWS)
         assert asked["timing"]["evaluated_tokens"] <= once
         # The next request starts from an empty cache.
@@ -190,6 +232,31 @@ def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
         assert again["timing"]["reused_tokens"] == 0
     finally:
         fresh.engine.close()
+
+
+def test_a_state_asked_over_many_passes_is_decoded_once(tiny_any_gguf: Path) -> None:
+    """16 questions about one state, a pass each: the state is decoded in the first pass
+    only, on both memory kinds (whole-stream memory: later passes start from the checkpoint
+    the first left where the questions begin). The server has answered about another state
+    before, so the system turn is resident (on whole-stream memory its checkpoint is made
+    once, by the first request a server answers)."""
+    loaded = open_test_model(tiny_any_gguf)
+    try:
+        loaded.engine.pass_rows = 64  # below one prompt: every question is a pass of its own
+        service = service_of(loaded)
+        options = questions()[0].options
+        decide(service, [Decision("warm", "Another order.", "Which?", options)], "single")
+        asked = [
+            Decision(f"q{i}", STATE, f"{chr(65 + i)}: which queue?", options) for i in range(16)
+        ]
+        answer = decide(service, asked, "shared")
+        prompts = [tokens for _, tokens in service.render(asked, "shared")]
+        state = common_prefix_length(prompts[0], prompts[1])
+        assert answer["timing"]["passes"] == 16
+        once = sum(len(prompt) for prompt in prompts) - 15 * state
+        assert answer["timing"]["evaluated_tokens"] <= once + 16 * MIN_ROWS
+    finally:
+        loaded.engine.close()
 
 
 def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> None:

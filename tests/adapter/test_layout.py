@@ -331,6 +331,8 @@ def test_price_counts_the_passes_a_request_needs_alone() -> None:
     cost = price(prompts, [[] for _ in prompts], stream_cells=512)
     assert cost.passes(1024, 31) == 3  # two per pass
     assert cost.passes(1024, 1) == 5  # one stream per pass
+    assert cost.next_pass(0, 1024, 31) == cost.charge(0) - cost.charge(2)  # the first two
+    assert cost.next_pass(4, 1024, 31) == cost.charge(4)  # the last alone
     labelled = price([_prompt(1, 100)] * 2, [[1, 2, 3], [4]], stream_cells=512)
     assert labelled.passes(1024, 31) == 1
     assert labelled.passes(1024, 4) == 2  # 4 + 2 sequences

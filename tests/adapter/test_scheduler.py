@@ -358,3 +358,46 @@ def test_9_overload_is_refused_at_arrival_not_after_the_wait(
     finally:
         engine.release.set()
         assert scheduler.close(10)
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "no-reuse"])
+def test_10_a_newcomer_behind_a_long_request_waits_for_its_next_pass_only(
+    monkeypatch: pytest.MonkeyPatch, prefix_reuse: bool
+) -> None:
+    """Twelve passes of work in one request, at 1 s a pass, and a 5 s queue timeout: with
+    prefix reuse requests take turns, so a small request arriving behind it waits about one
+    pass and is admitted; without, the long request keeps its passes and the newcomer is
+    refused at once (its wait would be all of them)."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=prefix_reuse, queue_timeout=5.0)
+    clock = engine.clock
+    try:
+        warm = scheduler.submit([_prompt(0, 1000)], [()], clock.monotonic() + 1000, Cancellation())
+        engine.release.set()
+        warm.future.result(10)  # one 1,000-row pass took 1 s
+        engine.release.clear()
+        long = scheduler.submit(
+            [[MARK + 1, index, *range(2, 1000 - MIN_ROWS - 1)] for index in range(12)],
+            [() for _ in range(12)],
+            clock.monotonic() + 1000,
+            Cancellation(),
+        )
+
+        def small() -> Any:
+            return scheduler.submit(
+                [_prompt(2, 12)], [()], clock.monotonic() + 1000, Cancellation()
+            )
+
+        if prefix_reuse:
+            job = small()
+            engine.release.set()
+            job.future.result(10)
+            assert 2 in requests_of(engine.passes[2])  # right after the long one's first pass
+        else:
+            with pytest.raises(UnavailableError) as refused:
+                small()
+            assert refused.value.cause == "overloaded"
+        engine.release.set()
+        long.future.result(10)
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)

@@ -13,21 +13,32 @@ import pytest
 
 from bench.concurrency import (
     ConcurrencyRun,
+    HeadOfLine,
     Level,
     PeerPrompt,
     Plan,
+    Probe,
+    ProjectClient,
     Reply,
     Sample,
     closed_loop,
+    fitted_count,
     format_levels,
+    head_of_line,
+    overload_lines,
     read_completion,
+    read_probe,
+    run_clients,
     send_decision,
+    send_with_client,
+    summarize_client_level,
     summarize_level,
     write_plot,
 )
 from bench.local import serve_model
 from bench.peer_server import PeerBuildError, locked_pin
-from bench.workload import concurrent_decisions
+from bench.workload import MAX_MANY, concurrent_decisions, many_questions
+from client.decision_client import BusyError, RetryPolicy, UnreachableError
 
 PLAN = Plan(
     levels=(1, 4, 16),
@@ -280,3 +291,288 @@ def test_closed_loop_against_serve_on_the_tiny_model(tmp_path: Path, tiny_gguf: 
     level = summarize_level(3, samples)
     assert (level.requests, level.non_200) == (6, 0), level.first_error
     assert level.queue_seconds is not None  # every answer says how long it queued
+
+
+# -- overload as an application sees it (figures 6d and 6e) -------------------------------
+
+OVERLOAD_PLAN = Plan(
+    levels=(1, 4),
+    compare_level=4,
+    peer_levels=(),
+    requests_per_client=2,
+    min_requests=4,
+    limit_repeats=1,
+    client_level=3,
+    head_of_line_decisions=20,
+)
+
+
+def test_many_questions_are_distinct_prompts_about_one_state() -> None:
+    decisions = many_questions("the state", MAX_MANY)
+    assert MAX_MANY == 64
+    assert {d.state for d in decisions} == {"the state"}
+    assert len({d.question for d in decisions}) == 64  # each its own suffix
+    assert len({d.id for d in decisions}) == 64
+    assert decisions[0].options == decisions[16].options  # the same question, another team
+    for count in (0, 65):
+        with pytest.raises(ValueError, match=r"1\.\.64"):
+            many_questions("s", count)
+
+
+def test_overload_checks_use_states_no_level_uses() -> None:
+    levels = set().union(
+        *(
+            {d.state for d in OVERLOAD_PLAN.decisions(workload, clients)}
+            for workload in ("distinct", "mix")
+            for clients in OVERLOAD_PLAN.levels
+        )
+    )
+    calls = OVERLOAD_PLAN.client_decisions()
+    assert len(calls) == OVERLOAD_PLAN.requests(3) == 6
+    long, small = OVERLOAD_PLAN.head_of_line()
+    assert len(long) == 20
+    assert len({d.state for d in long}) == 1
+    assert long[0].state != small.state
+    assert len(str(long[0].state)) > 3 * len(str(small.state))  # a long state, a small one
+    fresh = {d.state for d in calls} | {long[0].state, small.state}
+    assert not fresh & levels
+    assert len({d.state for d in calls}) == len(calls)
+    unplanned = Plan((1,), 1, (), 1, 1, 1)
+    assert unplanned.client_decisions() == []
+    with pytest.raises(ValueError, match="at least one client"):
+        Plan((1,), 1, (), 1, 1, 1, client_level=0)
+
+
+class ScriptedTransport:
+    """A transport answering from a script: an exception is raised, anything else returned."""
+
+    def __init__(self, *script: object) -> None:
+        self.script = list(script)
+        self.closed = False
+
+    def post(self, body: bytes) -> object:
+        assert "decision" in json.loads(body)
+        answer = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def wait_until_ready(self, timeout_s: float, progress: object = None) -> dict[str, object]:
+        return {}
+
+    def describe(self) -> str:
+        return "scripted"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+NO_WAIT = RetryPolicy(retry_after_jitter_s=0.0, max_attempts=3)
+DECISION = concurrent_decisions(1, series=0, events=1)[0]
+
+
+def test_the_project_client_retries_busy_answers_and_counts_its_attempts() -> None:
+    busy = BusyError(503, "busy: overloaded", retry_after_s=0.0)
+    answer = {"timing": {"queue_seconds": 0.5}}
+    retrying = ProjectClient(ScriptedTransport(busy, busy, answer), retry=NO_WAIT)
+    assert send_with_client(retrying, DECISION) == Reply(200, queue_seconds=0.5, attempts=3)
+    assert ProjectClient(ScriptedTransport(answer)).client.retry == RetryPolicy()  # as shipped
+    # The counter starts again for every call.
+    assert send_with_client(retrying, DECISION) == Reply(200, queue_seconds=0.5, attempts=1)
+
+
+def test_a_call_the_client_gives_up_on_is_a_final_failure() -> None:
+    busy = BusyError(503, "busy: overloaded", retry_after_s=0.0)
+    gave_up = send_with_client(ProjectClient(ScriptedTransport(busy), retry=NO_WAIT), DECISION)
+    assert (gave_up.status, gave_up.attempts) == (503, 3)
+    assert str(gave_up.error).startswith("gave up after 3 attempts")
+    assert gave_up.retry_after is None  # the client did the waiting; the loop must not
+    down = UnreachableError(0, "cannot reach it")
+    unreachable = send_with_client(ProjectClient(ScriptedTransport(down)), DECISION)
+    assert (unreachable.status, unreachable.attempts, unreachable.error) == (
+        0,
+        1,
+        "cannot reach it",
+    )
+
+
+def test_project_clients_in_a_closed_loop_each_use_their_own_client() -> None:
+    opened: list[ProjectClient] = []
+
+    def connect() -> ProjectClient:
+        opened.append(ProjectClient(ScriptedTransport({"timing": {}})))
+        return opened[-1]
+
+    samples = run_clients(concurrent_decisions(5, series=0, events=1), 2, connect, send_with_client)
+    assert [s.reply.status for s in samples] == [200] * 5
+    assert len(opened) == 2
+    assert all(caller.counter.inner.closed for caller in opened)  # type: ignore[attr-defined]
+
+
+def call(seconds: float, status: int = 200, attempts: int = 1, client: int = 0) -> Sample:
+    return Sample(0.0, seconds, Reply(status, attempts=attempts), client)
+
+
+def test_client_level_counts_final_failures_and_their_time() -> None:
+    level = summarize_client_level(
+        2,
+        [
+            call(1.0),
+            call(12.0, attempts=5),
+            call(30.5, status=503, attempts=20, client=1),
+            call(2.0, status=0, client=1),  # no answer at all: a failure too
+            call(3.0, client=1),
+        ],
+    )
+    assert level.failure_fraction == pytest.approx(2 / 5)
+    assert level.final_failure_statuses == {"503": 1, "0": 1}
+    assert level.final_failure_seconds is not None
+    assert level.final_failure_seconds["max"] == pytest.approx(30.5)
+    assert level.final_failure_seconds["p50"] == pytest.approx(16.25)
+    assert level.retried_calls == 2
+    assert level.attempts["max"] == 20
+    assert level.level.latency_seconds["max"] == pytest.approx(12.0)  # answered calls only
+    assert level.level.ok_per_client == (1, 2)
+    assert json.dumps(level.as_json())
+    none_failed = summarize_client_level(1, [call(1.0)])
+    assert none_failed.final_failure_seconds is None
+    assert none_failed.failure_fraction == 0
+
+
+SHARED_TIMING = {"queue_seconds": 0.01, "scoring_seconds": 39.0, "passes": 13, "input_tokens": 9000}
+SHARED_ANSWER = {"results": [], "timing": SHARED_TIMING}
+
+
+def test_probes_read_the_servers_timing_with_defaults() -> None:
+    long = read_probe(200, 5.0, 40.0, SHARED_ANSWER)
+    assert (long.passes, long.scoring_seconds, long.input_tokens) == (13, 39.0, 9000)
+    single = read_probe(
+        200, 6.0, 4.0, {"result": {"input_tokens": 117}, "timing": {"queue_seconds": 2.0}}
+    )
+    assert (single.queue_seconds, single.input_tokens, single.passes) == (2.0, 117, None)
+    refused = read_probe(503, 6.0, 0.1, '{"error": "busy"}')
+    assert (refused.status, refused.error, refused.queue_seconds) == (
+        503,
+        '{"error": "busy"}',
+        None,
+    )
+    assert read_probe(200, 0.0, 1.0, {}).passes is None  # an older server: no timing
+
+
+def check(long: Probe, small: Probe) -> HeadOfLine:
+    return HeadOfLine(64, long, small)
+
+
+def test_head_of_line_is_read_in_passes_of_the_long_request() -> None:
+    long = read_probe(200, 5.0, 40.0, SHARED_ANSWER)
+    small = Probe(200, 6.0, 4.5, queue_seconds=2.0, input_tokens=117)
+    good = check(long, small)
+    assert good.pass_seconds == pytest.approx(3.0)
+    assert good.delay_seconds == pytest.approx(1.0)
+    assert good.problem() is None
+    assert json.dumps(good.as_json())
+    one_pass = read_probe(200, 5.0, 3.0, {"timing": {**SHARED_TIMING, "passes": 1}})
+    assert (
+        check(one_pass, small).problem() == "the long request took one pass: nothing to wait behind"
+    )
+    failed = check(Probe(503, 5.0, 50.0, error="deadline"), small)
+    assert failed.pass_seconds is None
+    assert failed.problem() == "the long request got 503: deadline"
+    # A small decision that finally failed is measured (a MISS), not unreadable.
+    assert check(long, Probe(503, 6.0, 25.0, error="gave up", attempts=6)).problem() is None
+    untimed = check(long, Probe(200, 6.0, 1.0))
+    assert "no timing" in str(untimed.problem())
+
+
+class Clocked(ScriptedTransport):
+    def post(self, body: bytes) -> object:
+        self.sent = time.perf_counter()
+        return super().post(body)
+
+
+SMALL_ANSWER = {"result": {"input_tokens": 117}, "timing": {"queue_seconds": 0.2}}
+
+
+def test_head_of_line_sends_the_small_decision_while_the_long_one_runs() -> None:
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sizes.append(len(json.loads(request.content)["decisions"]))
+        time.sleep(0.4)
+        return httpx.Response(200, json=SHARED_ANSWER)
+
+    busy = BusyError(503, "busy: overloaded", retry_after_s=0.0)
+    small_client = Clocked(busy, SMALL_ANSWER)
+    long, small = OVERLOAD_PLAN.head_of_line()
+    started = time.perf_counter()
+    result = head_of_line(
+        "http://test",
+        long,
+        small,
+        0.1,
+        transport=httpx.MockTransport(handler),
+        small_client=lambda: ProjectClient(small_client, retry=NO_WAIT),
+    )
+    assert 0.1 <= small_client.sent - started < 0.4  # while the long one was in
+    assert sizes == [20]
+    assert (result.decisions, result.planned) == (20, 20)
+    assert (result.long.passes, result.small.queue_seconds) == (13, 0.2)
+    assert result.small.attempts == 2  # refused once, retried by the project's client
+    assert result.delay_seconds >= 0.1
+    assert result.long.seconds >= 0.4
+    assert small_client.closed
+
+
+OVER_BUDGET = (
+    '{"error":"decisions: the request needs about 97 s of scoring at this model\'s measured '
+    'speed; a request may take 50 s (SEMIF_REQUEST_TIMEOUT_S); send fewer or shorter decisions"}'
+)
+
+
+def test_a_long_request_over_the_servers_budget_is_resent_smaller() -> None:
+    assert fitted_count(64, OVER_BUDGET) == 26  # 64 * 0.8 * 50 / 97
+    assert fitted_count(3, OVER_BUDGET) is None  # one question would not span passes
+    assert fitted_count(64, '{"error": "the request costs 20000 tokens"}') is None
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sizes.append(len(json.loads(request.content)["decisions"]))
+        if sizes[-1] > 10:
+            return httpx.Response(400, text=OVER_BUDGET)
+        time.sleep(0.2)
+        return httpx.Response(200, json=SHARED_ANSWER)
+
+    long, small = OVERLOAD_PLAN.head_of_line()
+    result = head_of_line(
+        "http://test",
+        long,
+        small,
+        0.1,
+        transport=httpx.MockTransport(handler),
+        small_client=lambda: ProjectClient(ScriptedTransport(SMALL_ANSWER)),
+    )
+    assert sizes == [20, 8]  # 20 * 0.8 * 50 / 97, then it fits
+    assert (result.decisions, result.planned, result.long.status) == (8, 20, 200)
+    assert result.delay_seconds >= 0.1  # from the send that was scored
+
+
+def test_overload_lines_state_failures_and_the_wait_in_passes() -> None:
+    run = ConcurrencyRun(plan=OVERLOAD_PLAN)
+    assert overload_lines(run) == []
+    run.client = summarize_client_level(
+        4, [call(1.0), call(20.0, status=503, attempts=9), call(3.0), call(2.0)]
+    )
+    long = read_probe(200, 5.0, 40.0, SHARED_ANSWER)
+    run.head_of_line = check(long, Probe(200, 6.0, 4.5, queue_seconds=1.5, input_tokens=117))
+    client, wait = overload_lines(run)
+    assert client.startswith(
+        "project client, 4 clients: 1 of 4 calls failed after retries (25.0 %)"
+    )
+    assert "time to a final failure p50 20.0 s" in client
+    assert "13 passes of 3.00 s" in wait
+    assert "queued 1.50 s (0.50 passes) and took 4.50 s (1.50 passes)" in wait
+    run.head_of_line = check(Probe(503, 5.0, 50.0, error="deadline"), Probe(200, 6.0, 1.0))
+    assert (
+        overload_lines(run)[1] == "head of line: not measured (the long request got 503: deadline)"
+    )
+    assert format_levels(run).splitlines()[-2:] == overload_lines(run)

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.concurrency import ConcurrencyRun, Plan, Probe, Reply, Sample, summarize_client_level
+from bench.concurrency import HeadOfLine as Wait
 from bench.peer_server import cached_llama_server
-from bench.report import Figure, Goal
+from bench.report import Figure, Goal, concurrency_figures, overload_figures
+from bench.runner import finite
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = (
@@ -25,7 +28,12 @@ FIGURES = (
     "concurrency_goodput_c8",
     "concurrency_vs_limit",
     "concurrency_vs_serial",
+    "concurrency_client_failures_c8",
+    "head_of_line_queue",
+    "head_of_line_latency",
 )
+# Counts that may be 0 in a good run (no call failed); every other figure is positive.
+MAY_BE_ZERO = ("concurrency_client_failures_c8",)
 # The smoke run uses llama-server only when a full run has built it (minutes of compiling).
 LLAMA_SERVER_FIGURES = ("peer_throughput_c4", "peer_p95_c4")
 
@@ -44,6 +52,65 @@ def test_goals_and_verdicts() -> None:
     )
 
 
+def overload_run(failed: int, queue_seconds: float, long_status: int = 200) -> ConcurrencyRun:
+    plan = Plan((1,), 1, (), 1, 1, 1, client_level=64, head_of_line_decisions=64)
+    run = ConcurrencyRun(plan=plan)
+    run.client = summarize_client_level(
+        64,
+        [Sample(0.0, 31.0, Reply(503, attempts=12)) for _ in range(failed)]
+        + [Sample(0.0, 20.0, Reply(200)) for _ in range(100 - failed)],
+    )
+    long = Probe(long_status, 0.0, 40.0, scoring_seconds=39.0, passes=13, error="x")
+    small = Probe(200, 1.0, queue_seconds + 3.0, queue_seconds=queue_seconds, input_tokens=117)
+    run.head_of_line = Wait(64, long, small)
+    return run
+
+
+def test_overload_figures_hold_failures_and_the_wait_to_their_goals() -> None:
+    figures = {f.key: f for f in overload_figures(overload_run(failed=4, queue_seconds=2.0))}
+    assert list(figures) == [
+        "concurrency_client_failures_c64",
+        "head_of_line_queue",
+        "head_of_line_latency",
+    ]
+    failures = figures["concurrency_client_failures_c64"]
+    assert failures.ratio == pytest.approx(0.04)
+    assert failures.verdict == "PASS"
+    assert failures.details["final_failure_seconds"]["p50"] == pytest.approx(31.0)
+    queue, latency = figures["head_of_line_queue"], figures["head_of_line_latency"]
+    assert queue.reference == pytest.approx(3.0)  # one pass: 39 s over 13 passes
+    assert queue.ratio == pytest.approx(2 / 3)
+    assert queue.verdict == "PASS"
+    assert latency.ratio == pytest.approx(5 / 3)
+    assert latency.verdict == "PASS"
+    assert queue.details["long_passes"] == 13
+    # 6 of 100 calls failing, or a wait of 4 passes (first come, first served), miss.
+    missed = {f.key: f.verdict for f in overload_figures(overload_run(6, queue_seconds=12.0))}
+    assert set(missed.values()) == {"MISS"}
+    # A long request that failed gives no pass to count in: no 6e figure, never a guess.
+    keys = [f.key for f in overload_figures(overload_run(0, 2.0, long_status=503))]
+    assert keys == ["concurrency_client_failures_c64"]
+    # A small decision the project's client finally gave up on: its latency figure is a
+    # MISS however short the time to fail, and it had no queue wait to show.
+    gave_up = overload_run(0, 2.0)
+    assert gave_up.head_of_line is not None
+    small = Probe(503, 1.0, 6.0, error="gave up after 6 attempts", attempts=6)
+    gave_up.head_of_line = Wait(64, gave_up.head_of_line.long, small)
+    (_, latency) = overload_figures(gave_up)
+    assert (latency.key, latency.ratio, latency.verdict) == ("head_of_line_latency", 2.0, "MISS")
+    assert latency.failure == "the small decision got 503: gave up after 6 attempts"
+    assert latency.line().endswith(
+        "MISS - failed: the small decision got 503: gave up after 6 attempts"
+    )
+    # --overload-only: no levels were run, the overload figures still come out.
+    only = overload_run(0, 2.0)
+    assert [f.key for f in concurrency_figures(only)] == [f.key for f in overload_figures(only)]
+    saved = json.loads(json.dumps(finite(only.as_json()), allow_nan=False))
+    assert saved["limit"]["decisions_per_second"] is None  # no limit was measured
+    assert saved["client"]["failure_fraction"] == 0
+    assert saved["head_of_line"]["pass_seconds"] == 3.0
+
+
 @pytest.mark.slow
 def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     command = [
@@ -58,12 +125,30 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     assert report["schema"] == "semif-bench-report/1"
     assert report["run"]["model"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     with_llama_server = cached_llama_server() is not None
-    assert tuple(report["figures"]) == FIGURES + (LLAMA_SERVER_FIGURES if with_llama_server else ())
+    # Figure 6e is read unless the long request itself failed (on a busy machine its two
+    # passes can outlast the 50 s request timeout), and then the report says why. A small
+    # decision refused until its client gave up has no queue wait: a MISS, no 6e queue.
+    check = report["concurrency"]["head_of_line"]
+    wait = report["figures"].get("head_of_line_latency", {}).get("details", {})
+    if check["problem"] is not None:
+        assert check["problem"] in run.stdout
+        assert check["long"]["status"] != 200 or check["long"]["passes"] < 2
+    skipped = (
+        ("head_of_line_queue", "head_of_line_latency")
+        if check["problem"] is not None
+        else ("head_of_line_queue",)
+        if wait["small_status"] != 200
+        else ()
+    )
+    expected = tuple(key for key in FIGURES if key not in skipped)
+    assert tuple(report["figures"]) == expected + (
+        LLAMA_SERVER_FIGURES if with_llama_server else ()
+    )
     for key, figure in report["figures"].items():
         for field in ("measured", "reference", "ratio"):
             assert isinstance(figure[field], float), (key, field)
             assert math.isfinite(figure[field]), (key, field)
-            assert figure[field] > 0, (key, field)
+            assert figure[field] >= 0 if key in MAY_BE_ZERO else figure[field] > 0, (key, field)
         assert figure["ratio"] == pytest.approx(figure["measured"] / figure["reference"])
         assert figure["verdict"] in ("PASS", "MISS", "-")
         assert figure["title"] in run.stdout
@@ -85,6 +170,15 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     assert goodput["needs_decisions_per_second"] == 8 / goodput["queue_timeout_seconds"]
     assert goodput["limit_decisions_per_second"] > 0
     assert goodput["ok_past_invocation_limit"] == 0
+    # The project's client made every planned call; the long request spanned several passes.
+    client = report["figures"]["concurrency_client_failures_c8"]
+    assert client["reference"] == 16
+    assert client["details"]["attempts_per_call"]["p50"] >= 1
+    if wait:
+        assert wait["long_passes"] >= 2
+        assert wait["small_sent_after_seconds"] >= 1.0
+        assert wait["small_status"] != 200 or wait["small_prompt_tokens"] < 200
+    assert "project client, 8 clients" in run.stdout
     concurrency = report["concurrency"]
     for workload in ("distinct", "mix"):
         levels = concurrency["ours"][workload]

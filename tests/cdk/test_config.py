@@ -226,6 +226,7 @@ def test_decision_kv_memory_leaves_the_instance_room(
 ) -> None:
     """SEMIF_KV_MEMORY is checked at synth: the adapter's syntax, and a budget in bytes
     against the CPU instance's memory (GPU pools: only auto or a fraction)."""
+
     def build() -> DecisionEndpointSettings:
         if instance_type is None:
             return _decision(kv_memory=kv_memory)
