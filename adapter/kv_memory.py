@@ -167,4 +167,4 @@ def _meminfo_total(path: Path) -> int:
 
 
 def _mib(value: int) -> str:
-    return f"{value / (1 << 20):.0f} MiB"
+    return f"{value / (1 << 20):.1f} MiB"

@@ -522,7 +522,8 @@ class HeadOfLine:
 
 
 _OVER_BUDGET = re.compile(r"needs about ([0-9.]+) s of scoring.*? may take ([0-9.]+) s")
-FIT_MARGIN = 0.8  # a resized request aims at this share of the budget (the speed drifts)
+FIT_MARGIN = 0.5  # a resized request aims at this share of the budget: the speed drifts, and
+# the server estimates it from recent passes, which may be shorter (cheaper per row)
 
 
 def fitted_count(count: int, error: str) -> int | None:

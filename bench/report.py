@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -61,11 +61,16 @@ from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, writ
 from bench.tasks import shared_body, single_body
 from bench.workload import Workload, build_workload
 from model_build.embedded import fetch_embedded_model
+from model_build.tiny_gguf import write_tiny_hybrid_gguf
 
 SCHEMA = "semif-bench-report/1"
 PEER_TOP_LOGPROBS = 20
 PEER_CONTEXT = 2048
 T = TypeVar("T")
+
+
+# The tiny models' byte-level tokenizer against SmolLM2's, on the workload's English text.
+TINY_TOKENS_PER_TOKEN = 3  # measured 2.6 on a 32-event state
 
 
 @dataclass(frozen=True)
@@ -730,7 +735,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="only figures 6d and 6e (the project's client under overload, head-of-line wait)",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    parser.add_argument(
+        "--tiny-hybrid",
+        action="store_true",
+        help="measure a tiny random qwen35 (hybrid memory) written into --out, states cut to "
+        "about the embedded model's token counts: cost ratios only, never accuracy",
+    )
     args = parser.parse_args(argv)
+    if args.tiny_hybrid and args.gguf:
+        parser.error("--tiny-hybrid writes its own model; drop --gguf")
     if args.overload_only and args.no_concurrency:
         parser.error("--overload-only measures concurrency figures; drop --no-concurrency")
     return args
@@ -790,6 +803,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
     gguf = args.gguf or fetch_embedded_model(DEFAULT_MODEL_CACHE)
+    if args.tiny_hybrid:
+        args.out.mkdir(parents=True, exist_ok=True)
+        gguf = write_tiny_hybrid_gguf(args.out / "tiny-qwen35.gguf")
+        # Its byte-level tokenizer takes about 3 tokens where SmolLM2's takes one.
+        sizes = replace(sizes, state_events=max(2, sizes.state_events // TINY_TOKENS_PER_TOKEN))
     report: dict[str, Any] = {"schema": SCHEMA, "run": environment(args, gguf, sizes)}
     # Built before anything is measured: a build failure ends the run at once.
     peer, peer_skipped = (

@@ -530,7 +530,7 @@ OVER_BUDGET = (
 
 
 def test_a_long_request_over_the_servers_budget_is_resent_smaller() -> None:
-    assert fitted_count(64, OVER_BUDGET) == 26  # 64 * 0.8 * 50 / 97
+    assert fitted_count(64, OVER_BUDGET) == 16  # 64 * 0.5 * 50 / 97
     assert fitted_count(3, OVER_BUDGET) is None  # one question would not span passes
     assert fitted_count(64, '{"error": "the request costs 20000 tokens"}') is None
     sizes: list[int] = []
@@ -551,8 +551,8 @@ def test_a_long_request_over_the_servers_budget_is_resent_smaller() -> None:
         transport=httpx.MockTransport(handler),
         small_client=lambda: ProjectClient(ScriptedTransport(SMALL_ANSWER)),
     )
-    assert sizes == [20, 8]  # 20 * 0.8 * 50 / 97, then it fits
-    assert (result.decisions, result.planned, result.long.status) == (8, 20, 200)
+    assert sizes == [20, 5]  # 20 * 0.5 * 50 / 97, then it fits
+    assert (result.decisions, result.planned, result.long.status) == (5, 20, 200)
     assert result.delay_seconds >= 0.1  # from the send that was scored
 
 
