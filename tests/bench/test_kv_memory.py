@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.kv_memory import main, measure
+from bench.kv_memory import copy_cost, main, measure
 
 
 def test_a_budget_is_measured_as_the_server_loads_it(tiny_gguf: Path) -> None:
@@ -25,3 +25,10 @@ def test_one_budget_per_process_prints_one_json_line(
     figures = json.loads(capsys.readouterr().out)
     assert figures["budget"] == "auto"
     assert figures["peak_vs_gguf"] > 1
+
+
+def test_a_copy_is_timed_against_a_row(tiny_gguf: Path) -> None:
+    cost = copy_cost(tiny_gguf, 1024, threads=1, repeats=2)
+    assert cost["stream_cells"] == 1024
+    assert cost["row_seconds"] > 0
+    assert cost["copy_rows"] == cost["copy_seconds"] / cost["row_seconds"]
