@@ -220,6 +220,7 @@ class DecisionService:
         tokens get their second-token logits in the same pass.
         """
         started = time.monotonic()
+        self.scheduler.check_room()  # before the work of rendering and tokenizing
         prompts = self._render(decisions, paths)
         labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
         firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]

@@ -123,6 +123,15 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._queue) + len(self._chats)
 
+    def check_room(self) -> None:
+        """Refuse now what `submit` would refuse now (a full queue, more work ahead than a
+        request may wait): the service asks before rendering and tokenizing, so a refused
+        attempt (a client retrying under overload) costs the CPU next to nothing. `submit`
+        checks again: the queue may have filled meanwhile."""
+        with self._condition:
+            self._make_room(len(self._queue) + len(self._chats))
+            self._refuse_if_overloaded()
+
     def submit(
         self,
         prompts: Sequence[Sequence[int]],

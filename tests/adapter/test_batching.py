@@ -8,6 +8,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -178,6 +179,32 @@ def test_the_budget_charges_passes_and_copies_and_repeats_ride_free(tiny: Loaded
         with pytest.raises(RequestError, match=r"costs \d+ tokens.*stream copies.*limit is 600"):
             decide(service, [_decision(i) for i in range(64)], "shared")
         assert service.scheduler.waiting == 0
+    finally:
+        service.close(10)
+
+
+def test_an_overloaded_queue_refuses_before_the_prompt_is_rendered(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client retrying under overload costs the server no rendering or tokenizing: the
+    queue's refusal comes first."""
+    service = _service(tiny)
+    rendered: list[int] = []
+    real_render = service._render
+
+    def render(*args: Any) -> Any:
+        rendered.append(1)
+        return real_render(*args)
+
+    def overloaded() -> None:
+        raise UnavailableError("busy", retryable=True, cause="overloaded")
+
+    try:
+        monkeypatch.setattr(service, "_render", render)
+        monkeypatch.setattr(service.scheduler, "_refuse_if_overloaded", overloaded)
+        with pytest.raises(UnavailableError, match="busy"):
+            decide(service, [_decision(0)], "single")
+        assert rendered == []
     finally:
         service.close(10)
 
