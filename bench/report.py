@@ -741,7 +741,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="measure a tiny random qwen35 (hybrid memory) written into --out, states cut to "
         "about the embedded model's token counts: cost ratios only, never accuracy",
     )
+    parser.add_argument(
+        "--concurrency-only",
+        action="store_true",
+        help="no rounds: only the concurrency figures (6 and 7), on fresh servers",
+    )
     args = parser.parse_args(argv)
+    if args.concurrency_only and (args.no_concurrency or args.overload_only):
+        parser.error("--concurrency-only runs every concurrency figure; drop the other flags")
     if args.tiny_hybrid and args.gguf:
         parser.error("--tiny-hybrid writes its own model; drop --gguf")
     if args.overload_only and args.no_concurrency:
@@ -818,7 +825,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         else peer_binary(args)
     )
     samples = Samples()
-    for index in range(0 if args.overload_only else sizes.rounds):
+    rounds_run = not (args.overload_only or args.concurrency_only)
+    for index in range(sizes.rounds if rounds_run else 0):
         print(
             f"round {index + 1}/{sizes.rounds}: limit, serve, serve with reuse"
             + ("" if args.no_peer else ", llama-cpp-python server"),
@@ -828,7 +836,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             sizes.singles, sizes.shared, sizes.state_events, sizes.repeats, index
         )
         run_round(gguf, args, workload, samples)
-    figures = [] if args.overload_only else build_figures(samples, gguf.stat().st_size)
+    figures = build_figures(samples, gguf.stat().st_size) if rounds_run else []
     concurrency = None
     if not args.no_concurrency:
         plan = sizes.concurrency
@@ -874,7 +882,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         series["llama-cpp-python server"] = samples.peer
     png_path = (
         None
-        if args.overload_only
+        if not rounds_run
         else write_histogram(
             series,
             args.out / "bench-report-latency.png",

@@ -13,7 +13,7 @@ import pytest
 from bench.concurrency import ConcurrencyRun, Plan, Probe, Reply, Sample, summarize_client_level
 from bench.concurrency import HeadOfLine as Wait
 from bench.peer_server import cached_llama_server
-from bench.report import Figure, Goal, concurrency_figures, overload_figures
+from bench.report import Figure, Goal, concurrency_figures, overload_figures, parse_args
 from bench.runner import finite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,3 +194,13 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     else:
         assert concurrency["peer_skipped"] == "--smoke and no llama-server built yet"
     assert (tmp_path / "bench-report-concurrency.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_run_selection_flags_that_contradict_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse_args(["--concurrency-only"]).concurrency_only
+    for flags in (["--concurrency-only", "--no-concurrency"], ["--tiny-hybrid", "--gguf", "x"]):
+        with pytest.raises(SystemExit):
+            parse_args(flags)
+    assert "drop" in capsys.readouterr().err
