@@ -11,6 +11,7 @@ precondition (its template ends the prompt inside a word, and a merge fuses the 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,11 +132,7 @@ def write_tiny_gguf(
     n_vocab = len(tokens)
     n_head = 2
     n_ff = 2 * n_embd
-    rng = np.random.default_rng(seed)
-
-    def weights(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
+    weights = _random_weights(seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     add_llama_header(
         writer,
@@ -156,23 +153,15 @@ def write_tiny_gguf(
         ),
     )
 
-    writer.add_tensor("token_embd.weight", weights(n_vocab, n_embd))
-    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    writer.add_tensor("output.weight", weights(n_vocab, n_embd))
+    _add_embeddings(writer, weights, n_vocab, n_embd)
     for layer in range(n_layer):
         prefix = f"blk.{layer}"
-        writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.attn_norm.weight", _ones(n_embd))
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             writer.add_tensor(f"{prefix}.{name}.weight", weights(n_embd, n_embd))
-        writer.add_tensor(f"{prefix}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        writer.add_tensor(f"{prefix}.ffn_gate.weight", weights(n_ff, n_embd))
-        writer.add_tensor(f"{prefix}.ffn_up.weight", weights(n_ff, n_embd))
-        writer.add_tensor(f"{prefix}.ffn_down.weight", weights(n_embd, n_ff))
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        writer.add_tensor(f"{prefix}.ffn_norm.weight", _ones(n_embd))
+        _add_ffn(writer, weights, prefix, n_embd, n_ff)
+    _write(writer)
     return path
 
 
@@ -217,14 +206,7 @@ def write_tiny_hybrid_gguf(
     d_state, n_k_heads, n_v_heads, d_conv = 16, 2, 4, 4
     key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
     conv_dim = 2 * key_dim + value_dim
-    rng = np.random.default_rng(seed)
-
-    def weights(*shape: int) -> np.ndarray:  # numpy order: ggml's dimensions reversed
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
-    def ones(size: int) -> np.ndarray:
-        return np.ones(size, dtype=np.float32)
-
+    weights, ones = _random_weights(seed), _ones
     writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN35])
     add_llama_header(
         writer,
@@ -254,9 +236,7 @@ def write_tiny_hybrid_gguf(
     writer.add_ssm_time_step_rank(n_v_heads)
     writer.add_ssm_group_count(n_k_heads)
 
-    writer.add_tensor("token_embd.weight", weights(n_vocab, n_embd))
-    writer.add_tensor("output_norm.weight", ones(n_embd))
-    writer.add_tensor("output.weight", weights(n_vocab, n_embd))
+    _add_embeddings(writer, weights, n_vocab, n_embd)
     for layer in range(n_layer):
         prefix = f"blk.{layer}"
         writer.add_tensor(f"{prefix}.attn_norm.weight", ones(n_embd))
@@ -280,15 +260,46 @@ def write_tiny_hybrid_gguf(
             writer.add_tensor(f"{prefix}.ssm_alpha.weight", weights(n_v_heads, n_embd))
             writer.add_tensor(f"{prefix}.ssm_norm.weight", ones(d_state))
             writer.add_tensor(f"{prefix}.ssm_out.weight", weights(n_embd, value_dim))
-        writer.add_tensor(f"{prefix}.ffn_gate.weight", weights(n_ff, n_embd))
-        writer.add_tensor(f"{prefix}.ffn_up.weight", weights(n_ff, n_embd))
-        writer.add_tensor(f"{prefix}.ffn_down.weight", weights(n_embd, n_ff))
+        _add_ffn(writer, weights, prefix, n_embd, n_ff)
+    _write(writer)
+    return path
 
+
+Weights = Callable[..., np.ndarray]
+
+
+def _random_weights(seed: int) -> Weights:
+    """Deterministic f32 weights by shape (numpy order: ggml's dimensions reversed); the
+    same seed and the same sequence of shapes give the same bytes."""
+    rng = np.random.default_rng(seed)
+
+    def weights(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    return weights
+
+
+def _ones(size: int) -> np.ndarray:
+    return np.ones(size, dtype=np.float32)
+
+
+def _add_embeddings(writer: Any, weights: Weights, n_vocab: int, n_embd: int) -> None:
+    writer.add_tensor("token_embd.weight", weights(n_vocab, n_embd))
+    writer.add_tensor("output_norm.weight", _ones(n_embd))
+    writer.add_tensor("output.weight", weights(n_vocab, n_embd))
+
+
+def _add_ffn(writer: Any, weights: Weights, prefix: str, n_embd: int, n_ff: int) -> None:
+    writer.add_tensor(f"{prefix}.ffn_gate.weight", weights(n_ff, n_embd))
+    writer.add_tensor(f"{prefix}.ffn_up.weight", weights(n_ff, n_embd))
+    writer.add_tensor(f"{prefix}.ffn_down.weight", weights(n_embd, n_ff))
+
+
+def _write(writer: Any) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 def main() -> None:

@@ -129,8 +129,7 @@ class Scheduler:
         attempt (a client retrying under overload) costs the CPU next to nothing. `submit`
         checks again: the queue may have filled meanwhile."""
         with self._condition:
-            self._make_room(len(self._queue) + len(self._chats))
-            self._refuse_if_overloaded()
+            self._refuse_unless_room()
 
     def submit(
         self,
@@ -148,10 +147,10 @@ class Scheduler:
         per prompt, where the engine may keep checkpoints (LlamaEngine.score)."""
         if cost is None:
             cost = price(prompts, continuations, stream_cells=self.engine.stream_cells)
-        job = _Job(prompts, continuations, cost, boundaries, deadline, time.monotonic(), cancel)
+        cuts = boundaries or [()] * len(prompts)
+        job = _Job(prompts, continuations, cost, cuts, deadline, time.monotonic(), cancel)
         with self._condition:
-            self._make_room(len(self._queue) + len(self._chats))
-            self._refuse_if_overloaded()
+            self._refuse_unless_room()
             self._queue.append(job)
             self._condition.notify()
         return job
@@ -168,10 +167,15 @@ class Scheduler:
     ) -> _ChatJob:
         job = _ChatJob(prompt, max_new_tokens, sampling, stop, deadline, cancel)
         with self._condition:
-            self._make_room(len(self._queue) + len(self._chats))
+            self._make_room(self.waiting)
             self._chats.append(job)
             self._condition.notify()
         return job
+
+    def _refuse_unless_room(self) -> None:
+        """A scoring request's room: the queue's, then the time it would wait (under the lock)."""
+        self._make_room(self.waiting)
+        self._refuse_if_overloaded()
 
     def _make_room(self, waiting: int) -> None:
         """Whether the queue has room. Who may enter at all (loading, unhealthy, stopping)
@@ -309,11 +313,7 @@ class Scheduler:
         continuations = [
             job.continuations[i] for job, start, end in batch for i in range(start, end)
         ]
-        boundaries = [
-            job.boundaries[i] if i < len(job.boundaries) else ()
-            for job, start, end in batch
-            for i in range(start, end)
-        ]
+        boundaries = [job.boundaries[i] for job, start, end in batch for i in range(start, end)]
         started = time.monotonic()
         for job, _, _ in batch:
             if job.started is None:

@@ -6,6 +6,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -493,6 +494,21 @@ class Clocked(ScriptedTransport):
 SMALL_ANSWER = {"result": {"input_tokens": 117}, "timing": {"queue_seconds": 0.2}}
 
 
+def _head_of_line(
+    handler: Callable[[httpx.Request], httpx.Response], small: Callable[[], ProjectClient]
+) -> HeadOfLine:
+    """The overload plan's head-of-line probe, 0.1 s apart, against `handler`."""
+    long, decision = OVERLOAD_PLAN.head_of_line()
+    return head_of_line(
+        "http://test",
+        long,
+        decision,
+        0.1,
+        transport=httpx.MockTransport(handler),
+        small_client=small,
+    )
+
+
 def test_head_of_line_sends_the_small_decision_while_the_long_one_runs() -> None:
     sizes: list[int] = []
 
@@ -503,16 +519,8 @@ def test_head_of_line_sends_the_small_decision_while_the_long_one_runs() -> None
 
     busy = BusyError(503, "busy: overloaded", retry_after_s=0.0)
     small_client = Clocked(busy, SMALL_ANSWER)
-    long, small = OVERLOAD_PLAN.head_of_line()
     started = time.perf_counter()
-    result = head_of_line(
-        "http://test",
-        long,
-        small,
-        0.1,
-        transport=httpx.MockTransport(handler),
-        small_client=lambda: ProjectClient(small_client, retry=NO_WAIT),
-    )
+    result = _head_of_line(handler, lambda: ProjectClient(small_client, retry=NO_WAIT))
     assert 0.1 <= small_client.sent - started < 0.4  # while the long one was in
     assert sizes == [20]
     assert (result.decisions, result.planned) == (20, 20)
@@ -542,15 +550,7 @@ def test_a_long_request_over_the_servers_budget_is_resent_smaller() -> None:
         time.sleep(0.2)
         return httpx.Response(200, json=SHARED_ANSWER)
 
-    long, small = OVERLOAD_PLAN.head_of_line()
-    result = head_of_line(
-        "http://test",
-        long,
-        small,
-        0.1,
-        transport=httpx.MockTransport(handler),
-        small_client=lambda: ProjectClient(ScriptedTransport(SMALL_ANSWER)),
-    )
+    result = _head_of_line(handler, lambda: ProjectClient(ScriptedTransport(SMALL_ANSWER)))
     assert sizes == [20, 5]  # 20 * 0.5 * 50 / 97, then it fits
     assert (result.decisions, result.planned, result.long.status) == (5, 20, 200)
     assert result.delay_seconds >= 0.1  # from the send that was scored
