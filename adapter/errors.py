@@ -108,6 +108,9 @@ UnavailableCause = Literal[
 ]
 
 
+MAX_RETRY_AFTER_S = 30  # the longest Retry-After the adapter sends
+
+
 class UnavailableError(ApiError):
     """503: the model is loading, unhealthy, or out of capacity; `retryable` says whether a
     retry after `Retry-After` seconds can succeed, `cause` (logged, not answered) why."""

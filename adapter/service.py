@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from adapter.cancel import Cancellation, deadline_error
 from adapter.core.engine import LlamaEngine, PromptScore
+from adapter.core.failures import TooSlowError
 
 # Chat's request and answer types, re-exported: the chat API (adapter.chat) reaches the
 # core only through this module.
@@ -227,7 +228,8 @@ class DecisionService:
         token_lists = [tokens for _, tokens in prompts]
         owners, sent, continuations = self._fit_passes(token_lists, firsts)
         cost = price(sent, continuations, stream_cells=self.engine.stream_cells)
-        self._check_budget(cost, paths[0].split("[")[0].split(".")[0])
+        field = paths[0].split("[")[0].split(".")[0]
+        self._check_budget(cost, field)
         cuts = [self._boundaries(prompt, tokens) for prompt, tokens in prompts]
         cancel = cancel or Cancellation()
         job = self.scheduler.submit(
@@ -238,7 +240,11 @@ class DecisionService:
             cost=cost,
             boundaries=[cuts[owner] for owner in owners],
         )
-        parts, timing = self._wait(job.future, cancel, started)
+        try:
+            parts, timing = self._wait(job.future, cancel, started)
+        except TooSlowError as error:
+            limit = self.limits.request_timeout_seconds
+            raise _too_slow(field, error.needed_seconds, limit, "its first passes' speed") from None
         scores = _joined(owners, parts)
         try:
             readouts = [
@@ -289,12 +295,7 @@ class DecisionService:
         seconds = self.scheduler.seconds_for(cost)
         deadline = self.limits.request_timeout_seconds
         if seconds is not None and seconds > deadline:
-            raise RequestError(
-                path,
-                f"the request needs about {seconds:.0f} s of scoring at this model's measured "
-                f"speed; a request may take {deadline:g} s (SEMIF_REQUEST_TIMEOUT_S); send "
-                "fewer or shorter decisions",
-            )
+            raise _too_slow(path, seconds, deadline, "this model's measured speed")
 
     def read_variants(
         self,
@@ -333,6 +334,17 @@ class DecisionService:
             cancel=cancel,
         )
         return self._wait(job.future, cancel, started)
+
+
+def _too_slow(path: str, needed: float, allowed: float, speed: str) -> RequestError:
+    """The 400 for a request that cannot be scored within SEMIF_REQUEST_TIMEOUT_S at `speed`
+    (at admission, or after its first passes): no retry can help, a smaller request can."""
+    return RequestError(
+        path,
+        f"the request needs about {needed:.0f} s of scoring at {speed}; a request may take "
+        f"{allowed:g} s (SEMIF_REQUEST_TIMEOUT_S); send fewer "
+        "or shorter decisions",
+    )
 
 
 def _joined(owners: Sequence[int], parts: Sequence[PromptScore]) -> list[PromptScore]:

@@ -8,8 +8,8 @@ own ~150-token account state, so a server's prefix cache only ever helps with th
 prefix every prompt shares; the mix sends every 4th decision about one hot account instead.
 Throughput is successful answers over the wall time from the first send to the last answer.
 A non-200 answer is counted, not retried; a client refused with Retry-After waits that long
-before its next request, as the project's client does (a refused client that sent again at
-once would spin on the cores the server shares with it here).
+before its next request, plus the jitter the project's client adds (a refused client that
+sent again at once would spin on the cores the server shares with it here).
 
 The limit scores the same prompts in-process on the server's own engine settings, as many
 per engine call as there are clients (no more can be waiting). It and the server with
@@ -21,6 +21,7 @@ compare level, one thing at a time, so the machine's drift lands on every side o
 from __future__ import annotations
 
 import math
+import random
 import re
 import statistics
 import threading
@@ -36,6 +37,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from adapter.errors import MAX_RETRY_AFTER_S
 from adapter.prompts import answer_labels
 from adapter.schema import Decision
 from adapter.settings import Settings
@@ -67,7 +69,7 @@ PEER_TOP_TOKENS = 20
 CLIENT_TIMEOUT_S = 600.0
 WORKLOADS = ("distinct", "mix")
 INVOCATION_LIMIT_S = 60.0  # SageMaker's InvokeEndpoint: a later answer never reaches the caller
-MAX_RETRY_AFTER_S = 30.0  # the longest Retry-After the adapter sends
+RETRY_JITTER = RetryPolicy()  # the project's client's jitter after a Retry-After
 HEAD_OF_LINE_EVENTS = 7  # the long request's state: ~250 SmolLM2 tokens
 SMALL_EVENTS = 0  # the small decision's state: its header line only (prompt ~120 tokens)
 
@@ -103,10 +105,13 @@ class Plan:
     def requests(self, clients: int) -> int:
         return max(self.min_requests, self.requests_per_client * clients)
 
-    def decisions(self, workload: str, clients: int) -> list[Decision]:
+    def decisions(self, workload: str, clients: int, *, again: bool = False) -> list[Decision]:
         """The same decisions for every server at one level; each (workload, level) gets its
-        own series of states, so no level finds a state an earlier one left in a cache."""
+        own series of states, so no level finds a state an earlier one left in a cache, and
+        so does the compare level's repeat (`again`, after the levels above it)."""
         series = 1 + 2 * self.levels.index(clients) + WORKLOADS.index(workload)
+        if again:
+            series = 3 + 2 * len(self.levels)
         shared_every = SHARED_EVERY if workload == "mix" else None
         return concurrent_decisions(
             self.requests(clients), series=series, events=STATE_EVENTS, shared_every=shared_every
@@ -194,6 +199,7 @@ def run_clients(
     """The closed loop over any client: `clients` threads, each with its own session from
     `connect`, each sending the next unsent item as soon as its previous call returned."""
     pending = iter(range(len(items)))
+    jitters = random.Random(len(items))  # noqa: S311 - jitter, seeded: runs repeat
     lock = threading.Lock()
     samples: list[Sample | None] = [None] * len(items)
 
@@ -211,9 +217,12 @@ def run_clients(
                     reply = Reply(0, error=f"{type(error).__name__}: {error}")
                 samples[index] = Sample(started, time.perf_counter() - started, reply, number)
                 if reply.retry_after is not None:
-                    # As the project's client does: a refused client waits as told before
-                    # it sends again, instead of spinning on the server's (shared) cores.
-                    time.sleep(min(reply.retry_after, MAX_RETRY_AFTER_S))
+                    # As the project's client does: a refused client waits as told, plus
+                    # its jitter, before it sends again, instead of spinning on the
+                    # server's (shared) cores, or returning in one burst with all the others
+                    # told the same second.
+                    jitter = RETRY_JITTER.retry_after_jitter_s * jitters.random()
+                    time.sleep(min(reply.retry_after, MAX_RETRY_AFTER_S) + jitter)
 
     with ThreadPoolExecutor(max_workers=clients) as pool:
         for running in [pool.submit(client, number) for number in range(clients)]:
@@ -522,6 +531,7 @@ class HeadOfLine:
 
 
 _OVER_BUDGET = re.compile(r"needs about ([0-9.]+) s of scoring.*? may take ([0-9.]+) s")
+RESIZES = 4  # the long request is resized at most this many times
 FIT_MARGIN = 0.5  # a resized request aims at this share of the budget: the speed drifts, and
 # the server estimates it from recent passes, which may be shorter (cheaper per row)
 
@@ -584,11 +594,13 @@ def head_of_line(
     """Send the long shared-state request and, `delay_s` later (while its first pass runs),
     the small decision through the project's client; both answers' timings. The long one
     is within budget: when the server answers that it would take longer than a request may
-    at its measured speed (a 400, at once), it is sent again with as many questions as fit."""
+    (a 400: at once, at its measured speed, or after the long one's first pass, at that
+    pass's speed), it is sent again with as many questions as fit, and the small one after
+    it again, up to RESIZES times."""
     count = len(long)
     connect = small_client or (lambda: ProjectClient(HttpTransport(base_url)))
     with ThreadPoolExecutor(max_workers=1) as pool, connect() as caller:
-        while True:
+        for resizes_left in range(RESIZES, -1, -1):
             sends: SimpleQueue[float] = SimpleQueue()
             body = shared_body(long[:count])
             first = pool.submit(_post_probe, base_url, body, transport, sends.put)
@@ -596,14 +608,24 @@ def head_of_line(
             try:
                 answered = first.result(timeout=max(0.0, sent + delay_s - time.perf_counter()))
             except TimeoutError:
-                break  # being scored
-            fitted = fitted_count(count, answered.error or "") if answered.status == 400 else None
-            if fitted is None:
-                break
+                answered = None  # being scored
+            fitted = None if answered is None else _resized(count, answered)
+            if fitted is not None and resizes_left:
+                count = fitted
+                continue
+            time.sleep(max(0.0, sent + delay_s - time.perf_counter()))
+            second = client_probe(caller, single_body(small))
+            result = HeadOfLine(count, first.result(), second, planned=len(long))
+            fitted = _resized(count, result.long)
+            if fitted is None or not resizes_left:
+                return result
             count = fitted
-        time.sleep(max(0.0, sent + delay_s - time.perf_counter()))
-        second = client_probe(caller, single_body(small))
-        return HeadOfLine(count, first.result(), second, planned=len(long))
+        raise AssertionError("unreachable: the last round returns")
+
+
+def _resized(count: int, answer: Probe) -> int | None:
+    """Questions to send instead, when the long request's answer is the budget's 400."""
+    return fitted_count(count, answer.error or "") if answer.status == 400 else None
 
 
 def measure_overload(server: ServerProcess, plan: Plan, run: ConcurrencyRun) -> None:
@@ -637,11 +659,20 @@ class ConcurrencyRun:
     prompt_tokens: list[int] = field(default_factory=list)
     ours: dict[str, dict[int, Level]] = field(default_factory=dict)
     serial: Level | None = None
+    # The compare level once more, after the levels above it: goodput under overload is
+    # read against both, so the machine's drift over the sweep lands on both sides.
+    compare_again: Level | None = None
     peer: dict[int, Level] = field(default_factory=dict)
     peer_build: dict[str, object] | None = None
     peer_skipped: str | None = None
     client: ClientLevel | None = None  # figure 6d
     head_of_line: HeadOfLine | None = None  # figure 6e
+
+    @property
+    def compare_throughput(self) -> float:
+        """Decisions/s at the compare level: the mean of its run and its repeat."""
+        runs = [self.ours["distinct"][self.plan.compare_level], self.compare_again]
+        return statistics.mean(lv.decisions_per_second for lv in runs if lv is not None)
 
     @property
     def limit_throughput(self) -> float:
@@ -665,6 +696,7 @@ class ConcurrencyRun:
                 for workload, levels in self.ours.items()
             },
             "serial": self.serial.as_json() if self.serial else None,
+            "compare_again": self.compare_again.as_json() if self.compare_again else None,
             "peer": [level.as_json() for level in self.peer.values()],
             "peer_build": self.peer_build,
             "peer_skipped": self.peer_skipped,
@@ -715,11 +747,11 @@ class BatchLimit(InProcessModel):
         run.prompt_tokens = [len(tokens) for call in self.calls for tokens in call]
 
 
-def _level(server: ServerProcess, plan: Plan, workload: str, clients: int) -> Level:
-    return summarize_level(
-        clients,
-        closed_loop(server.base_url, plan.decisions(workload, clients), clients, send_decision),
-    )
+def _level(
+    server: ServerProcess, plan: Plan, workload: str, clients: int, *, again: bool = False
+) -> Level:
+    decisions = plan.decisions(workload, clients, again=again)
+    return summarize_level(clients, closed_loop(server.base_url, decisions, clients, send_decision))
 
 
 def _warm_up(server: ServerProcess, send: Send[T], item: T) -> None:
@@ -774,6 +806,8 @@ def measure_concurrency(
                 if compare:
                     run.serial = _level(serial, plan, workload, clients)
                     limit.measure(run, plan.limit_repeats // 2)
+            if workload == "distinct":
+                run.compare_again = _level(server, plan, workload, plan.compare_level, again=True)
         measure_overload(server, plan, run)
         peer_warm_up, peer_prompts = limit.warm_up, limit.peer
     if peer is not None:
@@ -808,6 +842,8 @@ def format_levels(run: ConcurrencyRun) -> str:
         for workload, levels in run.ours.items()
         for level in levels.values()
     ]
+    if run.compare_again:
+        rows.append(("ours, distinct, again", run.compare_again))
     if run.serial:
         rows.append(("ours, batching off", run.serial))
     rows += [("llama-server", level) for level in run.peer.values()]

@@ -60,6 +60,7 @@ from bench.peer_server import PeerBinary, cached_llama_server, llama_server
 from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
 from bench.tasks import shared_body, single_body
 from bench.workload import Workload, build_workload
+from client.decision_client import RetryPolicy
 from model_build.embedded import fetch_embedded_model
 from model_build.tiny_gguf import write_tiny_hybrid_gguf
 
@@ -496,13 +497,15 @@ def zero_error_throughput(clients: int) -> dict[str, float]:
     }
 
 
-# Figure 6d: of the calls the project's client makes at the overload level, at most this
-# share may finally fail after its retries. A refused call keeps no place in line, so which
-# waiting client gets a freed place is close to chance. An estimate for a quiet 2-core
-# machine (~2 decisions/s, ~20 s of work admitted, so ~20 of 64 clients waiting out a
-# Retry-After): one waits ~10 s on average, and about e^-3, 5 %, pass the 30 s retry
-# budget. Issue 22 measured 19.6 % before refusal at arrival.
-CLIENT_FAILURE_GOAL = 0.05
+# Figure 6d: the project's client at the overload level. Its retries must cost no decisions
+# (goodput against the compare level, as 6a) and a call that cannot be served must fail
+# within the client's retry budget, not after it (issue 22 measured ~47 s a failure). The
+# share of calls that fail is reported, not held to a goal: with more clients than the
+# server answers within the budget most calls must fail (Little's law: 64 closed-loop
+# clients on ~0.6 decisions/s wait ~100 s a turn), and on a fixed list of calls it grows
+# the faster failures come back, so a goal on it would reward failing slowly.
+CLIENT_GOODPUT_GOAL = 0.9
+CLIENT_FAILURE_TIME_GOAL = 1.0  # time to a final failure, p95, over the client's budget
 # Figure 6e, in passes of the long request: with round robin the small decision waits at
 # most the pass in flight when it arrives (~1 pass, minus the delay) and then rides in the
 # next one (~2 in all); first come, first served would hold it for every remaining pass, and
@@ -519,27 +522,48 @@ def overload_figures(run: ConcurrencyRun) -> list[Figure]:
     figures = []
     if run.client is not None:
         client, level = run.client, run.client.level
+        budget = RetryPolicy().max_total_s
+        details = {
+            "failed_calls": level.non_200,
+            "calls": level.requests,
+            "failure_fraction": client.failure_fraction,
+            "final_failure_statuses": client.final_failure_statuses,
+            "final_failure_seconds": client.final_failure_seconds,
+            "attempts_per_call": client.attempts,
+            "retried_calls": client.retried_calls,
+            "ok_per_client_min_max": list(level.ok_per_client),
+            "first_error": level.first_error,
+            "retry_policy": "DecisionClient defaults (30 s budget, Retry-After + jitter)",
+            **_brief(level),
+        }
+        if "distinct" in run.ours:  # not with --overload-only: no compare level ran
+            n = run.plan.compare_level
+            figures.append(
+                Figure(
+                    f"concurrency_client_goodput_c{level.clients}",
+                    f"6d Project client, {level.clients} clients: goodput vs {n} clients",
+                    level.decisions_per_second,
+                    f"{level.clients} project clients",
+                    run.compare_throughput,
+                    f"{n} clients (before and after)",
+                    "decisions/s",
+                    Goal(">=", CLIENT_GOODPUT_GOAL),
+                    details,
+                )
+            )
+        failure_seconds = client.final_failure_seconds or {"p95": 0.0}
         figures.append(
             Figure(
-                f"concurrency_client_failures_c{level.clients}",
-                f"6d Project client, {level.clients} clients: calls failed after retries",
-                float(level.non_200),
-                "failed calls",
-                float(level.requests),
-                "calls",
-                "calls",
-                Goal("<=", CLIENT_FAILURE_GOAL),
-                {
-                    "failure_fraction": client.failure_fraction,
-                    "final_failure_statuses": client.final_failure_statuses,
-                    "final_failure_seconds": client.final_failure_seconds,
-                    "attempts_per_call": client.attempts,
-                    "retried_calls": client.retried_calls,
-                    "ok_per_client_min_max": list(level.ok_per_client),
-                    "first_error": level.first_error,
-                    "retry_policy": "DecisionClient defaults (30 s budget, Retry-After + jitter)",
-                    **_brief(level),
-                },
+                f"concurrency_client_failure_time_c{level.clients}",
+                f"6d Project client, {level.clients} clients: time to a final failure (p95) "
+                "vs its retry budget",
+                failure_seconds["p95"],
+                "time to a final failure, p95",
+                budget,
+                "the client's retry budget",
+                "seconds",
+                Goal("<=", CLIENT_FAILURE_TIME_GOAL),
+                details,
             )
         )
     check = run.head_of_line
@@ -611,8 +635,8 @@ def concurrency_figures(run: ConcurrencyRun) -> list[Figure]:
             f"6a Goodput, {level.clients} clients vs {n}",
             level.decisions_per_second,
             f"{level.clients} clients",
-            compare.decisions_per_second,
-            f"{n} clients",
+            run.compare_throughput,
+            f"{n} clients (before and after)",
             "decisions/s",
             Goal(">=", 0.9),
             {
@@ -622,6 +646,9 @@ def concurrency_figures(run: ConcurrencyRun) -> list[Figure]:
                 "ok_per_client_min_max": list(level.ok_per_client),
                 **zero_error_throughput(level.clients),
                 "limit_decisions_per_second": run.limit_throughput,
+                "compare_runs_decisions_per_second": [
+                    lv.decisions_per_second for lv in (compare, run.compare_again) if lv
+                ],
                 **_brief(level),
             },
         )

@@ -26,3 +26,13 @@ class RefusedCutError(CapacityError):
 
 class CancelledWorkError(RuntimeError):
     """The work was cancelled (the server is shutting down); the KV cache was reset."""
+
+
+class TooSlowError(RuntimeError):
+    """A request's own passes, at the speed its first ones ran, take longer than a request
+    may: no retry can help (the service answers a 400 naming the request's field)."""
+
+    def __init__(self, needed_seconds: float, allowed_seconds: float) -> None:
+        super().__init__(f"needs about {needed_seconds:.0f} s; may take {allowed_seconds:g} s")
+        self.needed_seconds = needed_seconds
+        self.allowed_seconds = allowed_seconds

@@ -13,8 +13,13 @@ its own, since a newcomer would empty the cache it reads from.
 
 Overload is refused at arrival: once a pass has measured the speed, a request that finds
 more work queued ahead than it may wait (SEMIF_QUEUE_TIMEOUT_S) gets a retryable 503 at
-once, with Retry-After the excess, instead of a 503 after the wait. A full queue
-(SEMIF_MAX_QUEUE) and a request still waiting after SEMIF_QUEUE_TIMEOUT_S get theirs too.
+once instead of a 503 after the wait. A full queue (SEMIF_MAX_QUEUE) and a request still
+waiting after SEMIF_QUEUE_TIMEOUT_S get theirs too. Every refusal's Retry-After is a time of
+its own, a request's worth of work after the last one handed out (`_schedule_retry`): the
+refused come back about as fast as room frees, first refused first, instead of all at once
+to be refused again. A request whose own passes, at the speed its first ones ran, cannot
+end by its deadline is stopped there (adapter.core.failures.TooSlowError when it could not
+even alone), not decoded to the end for an answer nobody receives.
 
 Chat runs one generation at a time in the same worker, one token per step, between scoring
 passes: scoring never waits for a whole generation.
@@ -33,10 +38,15 @@ from dataclasses import dataclass, field
 
 from adapter.cancel import Cancellation, deadline_error
 from adapter.core.engine import LlamaEngine, PromptScore
-from adapter.core.failures import CancelledWorkError, CapacityError, NativeFailureError
+from adapter.core.failures import (
+    CancelledWorkError,
+    CapacityError,
+    NativeFailureError,
+    TooSlowError,
+)
 from adapter.core.generation import Generation, GenerationRun, Sampling
 from adapter.core.layout import Price, price
-from adapter.errors import ApiError, UnavailableError, shutting_down
+from adapter.errors import MAX_RETRY_AFTER_S, ApiError, UnavailableError, shutting_down
 from adapter.settings import QueueLimits
 
 LOG = logging.getLogger("adapter")
@@ -69,7 +79,8 @@ class _Job:
     done: int = 0  # prompts scored so far
     scores: list[PromptScore] = field(default_factory=list)
     started: float | None = None
-    scoring_seconds: float = 0.0
+    scoring_seconds: float = 0.0  # its passes' seconds, whole
+    own_seconds: float = 0.0  # its share of them, by the rows each pass charged it
     passes: int = 0
     batch_requests: int = 0
     batch_prompts: int = 0
@@ -114,6 +125,8 @@ class Scheduler:
         self._pass_seconds = 0.5  # running estimate, for Retry-After
         # Seconds a priced row takes, measured over recent passes; None until one ran.
         self._row_seconds: float | None = None
+        self._request_rows: float | None = None  # what an admitted request is charged
+        self._retry_at = 0.0  # the latest retry time handed out (monotonic)
         self._thread = threading.Thread(target=self._run, name="semif-scheduler", daemon=True)
         self._thread.start()
 
@@ -152,6 +165,10 @@ class Scheduler:
         with self._condition:
             self._refuse_unless_room()
             self._queue.append(job)
+            rows = cost.charge()
+            self._request_rows = (
+                rows if self._request_rows is None else (0.8 * self._request_rows + 0.2 * rows)
+            )
             self._condition.notify()
         return job
 
@@ -187,7 +204,7 @@ class Scheduler:
             raise UnavailableError(
                 f"busy: {waiting} requests are queued (SEMIF_MAX_QUEUE={self.max_queue})",
                 retryable=True,
-                retry_after=self._retry_after(waiting),
+                retry_after=self._schedule_retry(self._drain_seconds(waiting)),
                 cause="queue_full",
             )
 
@@ -213,7 +230,7 @@ class Scheduler:
                 f"busy: about {wait:.0f} s of work is queued ahead, more than a request may "
                 f"wait (SEMIF_QUEUE_TIMEOUT_S={self.queue_timeout_seconds:g})",
                 retryable=True,
-                retry_after=max(1, min(30, math.ceil(wait - self.queue_timeout_seconds))),
+                retry_after=self._schedule_retry(wait - self.queue_timeout_seconds),
                 cause="overloaded",
             )
 
@@ -223,10 +240,22 @@ class Scheduler:
             return job.price.charge(job.done)
         return job.price.next_pass(job.done, self.pass_rows, self.engine.max_branches)
 
-    def _retry_after(self, waiting: int) -> int:
+    def _drain_seconds(self, waiting: int) -> float:
         """Seconds until the queue has likely drained by a batch's worth."""
-        passes = waiting / max(self.max_batch_requests, 1)
-        return max(1, min(30, math.ceil(passes * self._pass_seconds)))
+        return waiting / max(self.max_batch_requests, 1) * self._pass_seconds
+
+    def _schedule_retry(self, earliest: float) -> int:
+        """A refusal's Retry-After (under the lock): no sooner than `earliest` seconds from
+        now, and a request's worth of work (at the measured speed) after the retry handed
+        out last, so the refused return one by one as room frees, in the order they were
+        refused. Told the same second, they would return together and all but one be refused
+        again: each refusal costs the cores a little, and under overload they add up to
+        decisions not made (figure 6a). At most MAX_RETRY_AFTER_S."""
+        now = time.monotonic()
+        spacing = (self._request_rows or 0.0) * (self._row_seconds or 0.0)
+        at = max(now + earliest, self._retry_at + spacing)
+        self._retry_at = min(at, now + MAX_RETRY_AFTER_S)
+        return max(1, math.ceil(self._retry_at - now))
 
     def close(self, wait_seconds: float) -> bool:
         """Stop the worker (failing whatever waits with a retryable 503); False if a pass
@@ -298,7 +327,7 @@ class Scheduler:
                     f"busy: waited {now - job.enqueued:.1f} s in the queue "
                     f"(SEMIF_QUEUE_TIMEOUT_S={self.queue_timeout_seconds:g})",
                     retryable=True,
-                    retry_after=self._retry_after(len(self._queue)),
+                    retry_after=self._schedule_retry(self._drain_seconds(len(self._queue))),
                     cause="queue_timeout",
                 )
             )
@@ -336,18 +365,21 @@ class Scheduler:
         seconds = time.monotonic() - started
         self._pass_seconds = 0.8 * self._pass_seconds + 0.2 * seconds
         priced = sum(job.price.charge(start) - job.price.charge(end) for job, start, end in batch)
-        per_row = seconds / max(priced, 1)
+        priced = max(priced, 1)
+        per_row = seconds / priced
         self._row_seconds = (
             per_row if self._row_seconds is None else 0.8 * self._row_seconds + 0.2 * per_row
         )
         offset = 0
         finished = []
+        hopeless: list[tuple[_Job, Exception]] = []
         for job, start, end in batch:
             mine = scores[offset : offset + end - start]
             offset += end - start
             job.scores.extend(mine)
             job.done = end
             job.scoring_seconds += seconds
+            job.own_seconds += seconds * (job.price.charge(start) - job.price.charge(end)) / priced
             job.passes += 1
             job.batch_requests = max(job.batch_requests, len(batch))
             job.batch_prompts = max(job.batch_prompts, len(prompts))
@@ -356,19 +388,47 @@ class Scheduler:
             job.pads += timing.pad_tokens
             if job.done == len(job.prompts):
                 finished.append(job)
+            elif (reason := self._cannot_finish(job, time.monotonic())) is not None:
+                hopeless.append((job, reason))
+        ended = finished + [job for job, _ in hopeless]
         with self._condition:
-            for job in finished:
+            for job in ended:
                 self._queue.remove(job)
             if self.engine.prefix_reuse:
                 # Round robin: a request larger than one pass goes behind those that waited
                 # meanwhile, so it never holds every later pass (its state stays resident).
                 # Without reuse its later passes are its own (the cache is kept for them).
                 for job, _, _ in batch:
-                    if job not in finished:
+                    if job not in ended:
                         self._queue.remove(job)
                         self._queue.append(job)
         for job in finished:
             job.future.set_result((job.scores, self._timing(job)))
+        for job, reason in hopeless:
+            job.future.set_exception(reason)
+
+    @staticmethod
+    def _cannot_finish(job: _Job, now: float) -> Exception | None:
+        """Why a request part-way through cannot end by its deadline, judged by the speed
+        of its own passes so far (its share of each): a TooSlowError when its passes
+        alone outlast the time a request may take (a retry cannot help), the deadline's 503
+        when they only outlast what is left of it; None while it can still make it. The
+        estimate at admission (Scheduler.seconds_for) reads other requests' passes; this
+        reads its own, after one pass, before the worker spends more on it."""
+        charged = job.price.charge() - job.price.charge(job.done)
+        left = job.price.charge(job.done) * job.own_seconds / max(charged, 1)
+        allowed = job.deadline - job.enqueued
+        if job.own_seconds + left > allowed:
+            return TooSlowError(job.own_seconds + left, allowed)
+        if now + left > job.deadline:
+            return UnavailableError(
+                f"the request cannot end by its deadline (SEMIF_REQUEST_TIMEOUT_S): after "
+                f"{job.passes} passes the rest needs about {left:.0f} s at their speed, and "
+                f"{max(job.deadline - now, 0):.0f} s are left",
+                retryable=True,
+                cause="deadline",
+            )
+        return None
 
     def _failure(self, error: Exception) -> Exception:
         """What the callers of a failed pass or generation get: a retryable 503 when the

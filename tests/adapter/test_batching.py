@@ -227,6 +227,35 @@ def test_a_request_that_cannot_finish_in_time_is_refused_at_once(
         service.close(10)
 
 
+def test_a_request_found_too_slow_after_its_first_pass_gets_a_400_there(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admission estimate reads other requests' passes and can be low; a request's own
+    first pass then says it cannot end within SEMIF_REQUEST_TIMEOUT_S, and it ends there
+    with the 400 naming its field, not after decoding to its deadline for a retryable 503."""
+    service = _service(tiny, request_timeout_seconds=2)
+    real_score = tiny.engine.score
+    passes: list[int] = []
+
+    def slow_score(*args: Any, **kwargs: Any) -> Any:
+        passes.append(1)
+        time.sleep(0.5)  # a pass of this request takes 0.5 s more than it did
+        return real_score(*args, **kwargs)
+
+    try:
+        monkeypatch.setattr(tiny.engine, "score", slow_score)
+        count = 32
+        own = service_price(service, count).passes(tiny.engine.pass_rows, tiny.engine.max_branches)
+        assert own >= 5  # 2.5 s or more of sleeping alone
+        with pytest.raises(RequestError, match=r"needs about \d+ s of scoring at its first") as e:
+            decide(service, [_decision(i) for i in range(count)], "shared")
+        assert e.value.path == "decisions"
+        assert len(passes) == 1
+        assert service.scheduler.waiting == 0
+    finally:
+        service.close(10)
+
+
 def service_price(service: DecisionService, count: int) -> Price:
     """What `count` decisions about one state cost (adapter.core.layout.price)."""
     tokens = [

@@ -12,7 +12,10 @@ runs to the end. The invariants, one test each:
    than its limits (a prompt alone may exceed the rows: it must run somewhere).
 4. Arrival order: requests start in the order they arrived.
 5. A request is never decoded after its client left, its queue timeout or its deadline,
-   and ends in the error that names which (499; 503 queue_timeout; 503 deadline).
+   and ends in the error that names which (499; 503 queue_timeout; 503 deadline). One whose
+   own passes cannot end in time is stopped after a pass, not decoded to the end: a 503
+   deadline when only the time left is too short, TooSlowError (a 400) when the time a
+   request may take is.
 6. Without prefix reuse, a pass that continues a request holds no other request.
 7. A generation never holds the worker: between two passes, at most one chat token.
 """
@@ -31,10 +34,11 @@ import pytest
 
 import adapter.core.scheduler as scheduler_module
 from adapter.cancel import Cancellation
+from adapter.core.failures import TooSlowError
 from adapter.core.generation import Sampling
 from adapter.core.layout import MIN_ROWS, common_prefix_length
 from adapter.core.scheduler import Scheduler
-from adapter.errors import ClientDisconnectedError, UnavailableError
+from adapter.errors import MAX_RETRY_AFTER_S, ClientDisconnectedError, UnavailableError
 from adapter.settings import QueueLimits
 from tests.support.fake_engine import FakeClock, FakeEngine, Pass, identity
 
@@ -227,6 +231,12 @@ def test_5_stopped_requests_are_never_decoded_after_and_end_as_themselves(
                 assert request.left_at is not None, scenario.seed
                 seen.add("client_gone")
                 continue
+            if isinstance(error, TooSlowError):
+                assert passes, scenario.seed  # judged on its own passes
+                assert error.needed_seconds > error.allowed_seconds, scenario.seed
+                assert error.allowed_seconds == request.deadline - request.submitted
+                seen.add("too_slow")
+                continue
             assert isinstance(error, UnavailableError), (scenario.seed, error)
             assert error.retryable
             seen.add(str(error.cause))
@@ -234,7 +244,8 @@ def test_5_stopped_requests_are_never_decoded_after_and_end_as_themselves(
                 assert not passes, scenario.seed
             else:
                 assert error.cause == "deadline", (scenario.seed, error)
-    assert seen == {"client_gone", "queue_timeout", "deadline"}  # the scenarios reach each
+    # the scenarios reach each
+    assert seen == {"client_gone", "queue_timeout", "deadline", "too_slow"}
 
 
 def test_6_without_reuse_a_continuing_pass_is_one_request_alone(
@@ -329,8 +340,9 @@ def test_9_overload_is_refused_at_arrival_not_after_the_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After a pass has measured the speed (100 rows a second here), a request is refused
-    at once when the work queued ahead would outlast the queue timeout; Retry-After is the
-    excess. Below that, requests queue as before."""
+    at once when the work queued ahead would outlast the queue timeout; the first refused
+    is told to retry after the excess, each later one a request's work after the one before.
+    Below that, requests queue as before."""
     scheduler, engine = _fixed(monkeypatch, prefix_reuse=True, queue_timeout=5.0)
     clock = engine.clock
     try:
@@ -352,6 +364,16 @@ def test_9_overload_is_refused_at_arrival_not_after_the_wait(
         assert refused.value.retryable
         assert refused.value.retry_after == 1
         assert "about 6 s of work is queued ahead" in str(refused.value)
+        # The refused are told times a request's work (1 s) apart, first refused first
+        # back, up to the longest Retry-After: not all the same second.
+        told = [refused.value.retry_after]
+        for index in range(8, 48):
+            with pytest.raises(UnavailableError) as again:
+                scheduler.submit(
+                    [_prompt(index, 100)], [()], clock.monotonic() + 1000, Cancellation()
+                )
+            told.append(again.value.retry_after)
+        assert told == [*range(1, MAX_RETRY_AFTER_S + 1), *[MAX_RETRY_AFTER_S] * 11]
         engine.release.set()
         for job in admitted:
             job.future.result(10)
@@ -398,6 +420,52 @@ def test_10_a_newcomer_behind_a_long_request_waits_for_its_next_pass_only(
             assert refused.value.cause == "overloaded"
         engine.release.set()
         long.future.result(10)
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)
+
+
+def test_11_a_request_that_cannot_end_in_time_is_stopped_after_its_first_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Twelve 1 s passes of work and a 5 s deadline: after its first pass the request's own
+    speed says it needs 12 s, so it ends there with TooSlowError (the service's 400),
+    instead of four more passes and a retryable 503. Four passes behind a 2 s wait (without
+    prefix reuse the request ahead keeps its two passes) end as the deadline's 503 after
+    one pass: alone they fit a request's time, not what is left of it."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=False)
+    clock = engine.clock
+
+    def long(index: int, passes: int, deadline: float) -> Any:
+        return scheduler.submit(
+            [[MARK + index, i, *range(2, 240)] for i in range(passes)],
+            [() for _ in range(passes)],
+            clock.monotonic() + deadline,
+            Cancellation(),
+        )
+
+    try:
+        first = long(0, 12, 5.0)
+        engine.release.set()
+        too_slow = first.future.exception(10)
+        assert isinstance(too_slow, TooSlowError)
+        assert too_slow.needed_seconds == pytest.approx(12, rel=0.1)
+        assert too_slow.allowed_seconds == 5.0
+        assert [requests_of(one) for one in engine.passes] == [[0]]
+
+        engine.release.clear()
+        engine.entered.clear()
+        ahead = long(1, 2, 1000.0)
+        assert engine.entered.wait(10)
+        late = long(2, 4, 5.0)  # its clock starts now; the 2 s ahead eat into it
+        engine.release.set()
+        ahead.future.result(10)
+        missed = late.future.exception(10)
+        assert isinstance(missed, UnavailableError)
+        assert missed.cause == "deadline"
+        assert missed.retryable
+        assert "cannot end by its deadline" in str(missed)
+        assert sum(2 in requests_of(one) for one in engine.passes) == 1
     finally:
         engine.release.set()
         assert scheduler.close(10)

@@ -556,6 +556,28 @@ def test_a_long_request_over_the_servers_budget_is_resent_smaller() -> None:
     assert result.delay_seconds >= 0.1  # from the send that was scored
 
 
+LATE_OVER_BUDGET = OVER_BUDGET.replace("this model's measured speed", "its first passes' speed")
+
+
+def test_a_long_request_found_over_budget_after_its_first_pass_is_measured_again_smaller() -> None:
+    """The server's 400 may come after the long request's first pass (its own speed), when
+    the small decision was already sent: both are sent again, the long one resized."""
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sizes.append(len(json.loads(request.content)["decisions"]))
+        time.sleep(0.2)  # past the 0.1 s delay: the small decision goes out meanwhile
+        if sizes[-1] > 10:
+            return httpx.Response(400, text=LATE_OVER_BUDGET)
+        return httpx.Response(200, json=SHARED_ANSWER)
+
+    small_client = ScriptedTransport(SMALL_ANSWER, SMALL_ANSWER)
+    result = _head_of_line(handler, lambda: ProjectClient(small_client))
+    assert sizes == [20, 5]
+    assert (result.decisions, result.long.status, result.small.status) == (5, 200, 200)
+    assert result.delay_seconds >= 0.1
+
+
 def test_overload_lines_state_failures_and_the_wait_in_passes() -> None:
     run = ConcurrencyRun(plan=OVERLOAD_PLAN)
     assert overload_lines(run) == []

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.concurrency import ConcurrencyRun, Plan, Probe, Reply, Sample, summarize_client_level
+from bench.concurrency import (
+    ConcurrencyRun,
+    Plan,
+    Probe,
+    Reply,
+    Sample,
+    summarize_client_level,
+    summarize_level,
+)
 from bench.concurrency import HeadOfLine as Wait
 from bench.peer_server import cached_llama_server
 from bench.report import Figure, Goal, concurrency_figures, overload_figures, parse_args
@@ -28,12 +36,13 @@ FIGURES = (
     "concurrency_goodput_c8",
     "concurrency_vs_limit",
     "concurrency_vs_serial",
-    "concurrency_client_failures_c8",
+    "concurrency_client_goodput_c8",
+    "concurrency_client_failure_time_c8",
     "head_of_line_queue",
     "head_of_line_latency",
 )
 # Counts that may be 0 in a good run (no call failed); every other figure is positive.
-MAY_BE_ZERO = ("concurrency_client_failures_c8",)
+MAY_BE_ZERO = ("concurrency_client_failure_time_c8",)
 # The smoke run uses llama-server only when a full run has built it (minutes of compiling).
 LLAMA_SERVER_FIGURES = ("peer_throughput_c4", "peer_p95_c4")
 
@@ -52,12 +61,14 @@ def test_goals_and_verdicts() -> None:
     )
 
 
-def overload_run(failed: int, queue_seconds: float, long_status: int = 200) -> ConcurrencyRun:
+def overload_run(
+    failed: int, queue_seconds: float, long_status: int = 200, fail_after: float = 31.0
+) -> ConcurrencyRun:
     plan = Plan((1,), 1, (), 1, 1, 1, client_level=64, head_of_line_decisions=64)
     run = ConcurrencyRun(plan=plan)
     run.client = summarize_client_level(
         64,
-        [Sample(0.0, 31.0, Reply(503, attempts=12)) for _ in range(failed)]
+        [Sample(0.0, fail_after, Reply(503, attempts=12)) for _ in range(failed)]
         + [Sample(0.0, 20.0, Reply(200)) for _ in range(100 - failed)],
     )
     long = Probe(long_status, 0.0, 40.0, scoring_seconds=39.0, passes=13, error="x")
@@ -67,16 +78,17 @@ def overload_run(failed: int, queue_seconds: float, long_status: int = 200) -> C
 
 
 def test_overload_figures_hold_failures_and_the_wait_to_their_goals() -> None:
-    figures = {f.key: f for f in overload_figures(overload_run(failed=4, queue_seconds=2.0))}
+    run = overload_run(failed=60, queue_seconds=2.0, fail_after=0.5)
+    figures = {f.key: f for f in overload_figures(run)}
     assert list(figures) == [
-        "concurrency_client_failures_c64",
+        "concurrency_client_failure_time_c64",
         "head_of_line_queue",
         "head_of_line_latency",
     ]
-    failures = figures["concurrency_client_failures_c64"]
-    assert failures.ratio == pytest.approx(0.04)
-    assert failures.verdict == "PASS"
-    assert failures.details["final_failure_seconds"]["p50"] == pytest.approx(31.0)
+    failures = figures["concurrency_client_failure_time_c64"]
+    assert failures.ratio == pytest.approx(0.5 / 30)  # against the client's 30 s budget
+    assert failures.verdict == "PASS"  # most calls fail, but at once: no goal on the share
+    assert failures.details["failure_fraction"] == pytest.approx(0.6)
     queue, latency = figures["head_of_line_queue"], figures["head_of_line_latency"]
     assert queue.reference == pytest.approx(3.0)  # one pass: 39 s over 13 passes
     assert queue.ratio == pytest.approx(2 / 3)
@@ -84,12 +96,13 @@ def test_overload_figures_hold_failures_and_the_wait_to_their_goals() -> None:
     assert latency.ratio == pytest.approx(5 / 3)
     assert latency.verdict == "PASS"
     assert queue.details["long_passes"] == 13
-    # 6 of 100 calls failing, or a wait of 4 passes (first come, first served), miss.
+    # Calls failing after the budget (31 s), or a wait of 4 passes (first come, first
+    # served), miss.
     missed = {f.key: f.verdict for f in overload_figures(overload_run(6, queue_seconds=12.0))}
     assert set(missed.values()) == {"MISS"}
     # A long request that failed gives no pass to count in: no 6e figure, never a guess.
     keys = [f.key for f in overload_figures(overload_run(0, 2.0, long_status=503))]
-    assert keys == ["concurrency_client_failures_c64"]
+    assert keys == ["concurrency_client_failure_time_c64"]
     # A small decision the project's client finally gave up on: its latency figure is a
     # MISS however short the time to fail, and it had no queue wait to show.
     gave_up = overload_run(0, 2.0)
@@ -109,6 +122,33 @@ def test_overload_figures_hold_failures_and_the_wait_to_their_goals() -> None:
     assert saved["limit"]["decisions_per_second"] is None  # no limit was measured
     assert saved["client"]["failure_fraction"] == 0
     assert saved["head_of_line"]["pass_seconds"] == 3.0
+
+
+def level_at(clients: int, per_second: float) -> list[Sample]:
+    """A level of `clients` closed-loop clients answering 10 decisions at `per_second`."""
+    return [Sample(i / per_second, 1 / per_second, Reply(200), i % clients) for i in range(10)]
+
+
+def test_goodput_is_read_against_the_compare_level_before_and_after_the_sweep() -> None:
+    """Figures 6a and 6d divide by the mean of the compare level's two runs, so drift over
+    the sweep lands on both sides; 6d's project client is held to the same goodput."""
+    plan = Plan((1, 16, 64), 16, (), 1, 1, 1, client_level=64)
+    run = ConcurrencyRun(plan=plan)
+    run.ours["distinct"] = {
+        n: summarize_level(n, level_at(n, rate)) for n, rate in ((1, 0.5), (16, 1.0), (64, 0.81))
+    }
+    run.compare_again = summarize_level(16, level_at(16, 0.8))
+    run.client = summarize_client_level(64, level_at(64, 0.8))
+    figures = {f.key: f for f in concurrency_figures(run)}
+    goodput = figures["concurrency_goodput_c64"]
+    assert goodput.reference == pytest.approx(0.9)
+    assert goodput.ratio == pytest.approx(0.9)
+    assert goodput.verdict == "PASS"
+    assert goodput.details["compare_runs_decisions_per_second"] == pytest.approx([1.0, 0.8])
+    client = figures["concurrency_client_goodput_c64"]
+    assert client.ratio == pytest.approx(0.8 / 0.9)
+    assert client.verdict == "MISS"
+    assert figures["concurrency_client_failure_time_c64"].measured == 0.0  # none failed
 
 
 @pytest.mark.slow
@@ -171,9 +211,10 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     assert goodput["limit_decisions_per_second"] > 0
     assert goodput["ok_past_invocation_limit"] == 0
     # The project's client made every planned call; the long request spanned several passes.
-    client = report["figures"]["concurrency_client_failures_c8"]
-    assert client["reference"] == 16
+    client = report["figures"]["concurrency_client_goodput_c8"]
+    assert client["details"]["calls"] == 16
     assert client["details"]["attempts_per_call"]["p50"] >= 1
+    assert len(goodput["compare_runs_decisions_per_second"]) == 2  # before and after
     if wait:
         assert wait["long_passes"] >= 2
         assert wait["small_sent_after_seconds"] >= 1.0

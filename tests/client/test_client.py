@@ -150,12 +150,23 @@ def test_unreachable_server_is_a_typed_error() -> None:
 # -- retry policy -------------------------------------------------------------------------
 
 
-def test_the_servers_retry_after_is_waited_plus_jitter(server: BusyFirst, url: str) -> None:
-    """The real server's busy 503 carries its Retry-After estimate (constant while nothing is
-    scored); backoff without a hint, the budget and the other hints are in test_retry.py."""
+def test_the_servers_retry_after_is_waited_plus_jitter(
+    server: BusyFirst, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real server's busy 503 carries its Retry-After (each refusal its own time, never
+    earlier than the one before); backoff without a hint, the budget and the other hints are
+    in test_retry.py."""
     service = server.runtime.service
     assert service is not None
-    hint = service.scheduler._retry_after(service.scheduler.max_queue)
+    scheduler = service.scheduler
+    told: list[int] = []
+    schedule = scheduler._schedule_retry
+
+    def spy(earliest: float) -> int:
+        told.append(schedule(earliest))
+        return told[-1]
+
+    monkeypatch.setattr(scheduler, "_schedule_retry", spy)
     sleeps: list[float] = []
     policy = RetryPolicy()
     client = DecisionClient(
@@ -166,7 +177,9 @@ def test_the_servers_retry_after_is_waited_plus_jitter(server: BusyFirst, url: s
     assert client.decide(decision()).id == "support-route"
     assert server.posts == posts + 4
     draws = random.Random(3)
-    assert sleeps == [hint + policy.retry_after_jitter_s * draws.random() for _ in range(3)]
+    assert len(told) == 3
+    assert told == sorted(told)
+    assert sleeps == [hint + policy.retry_after_jitter_s * draws.random() for hint in told]
 
 
 def test_busy_through_every_attempt_raises_busy_error(server: BusyFirst, url: str) -> None:
