@@ -600,7 +600,8 @@ def head_of_line(
     count = len(long)
     connect = small_client or (lambda: ProjectClient(HttpTransport(base_url)))
     with ThreadPoolExecutor(max_workers=1) as pool, connect() as caller:
-        for resizes_left in range(RESIZES, -1, -1):
+        resizes = 0
+        while True:
             sends: SimpleQueue[float] = SimpleQueue()
             body = shared_body(long[:count])
             first = pool.submit(_post_probe, base_url, body, transport, sends.put)
@@ -610,17 +611,16 @@ def head_of_line(
             except TimeoutError:
                 answered = None  # being scored
             fitted = None if answered is None else _resized(count, answered)
-            if fitted is not None and resizes_left:
-                count = fitted
+            if fitted is not None and resizes < RESIZES:
+                count, resizes = fitted, resizes + 1
                 continue
             time.sleep(max(0.0, sent + delay_s - time.perf_counter()))
             second = client_probe(caller, single_body(small))
             result = HeadOfLine(count, first.result(), second, planned=len(long))
             fitted = _resized(count, result.long)
-            if fitted is None or not resizes_left:
+            if fitted is None or resizes == RESIZES:
                 return result
-            count = fitted
-        raise AssertionError("unreachable: the last round returns")
+            count, resizes = fitted, resizes + 1
 
 
 def _resized(count: int, answer: Probe) -> int | None:
