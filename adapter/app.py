@@ -46,11 +46,11 @@ def create_app(
     """Build the app; `on_load_failure` hears a failed model load (serve exits on it)."""
     runtime = Runtime(settings)
 
-    def call_of(handler: handlers.Handler) -> Call:
-        return partial(handler, runtime)
+    def call_of(api: str) -> tuple[str, Call]:
+        return api, partial(handlers.BY_API[api], runtime)
 
-    def by_field(body: Any) -> Call:
-        return call_of(handlers.select_handler(body))
+    def by_field(body: Any) -> tuple[str, Call]:
+        return call_of(handlers.select_api(body))
 
     async def ping(request: Request) -> Response:
         if runtime.healthy and runtime.service is not None:
@@ -79,19 +79,21 @@ def create_app(
             max_body_bytes=settings.max_body_bytes,
             api_key=invocations_key,
             body_timeout_seconds=settings.body_timeout_seconds,
+            metrics=runtime.metrics,
         )
 
     async def sagemaker_runtime(request: Request) -> Response:
         return as_sagemaker_runtime(await invocations(request))
 
-    def guarded(handler: handlers.Handler) -> Callable[[Request], Any]:
+    def guarded(api: str) -> Callable[[Request], Any]:
         async def route(request: Request) -> Response:
             return await answer(
                 request,
-                lambda body: call_of(handler),
+                lambda body: call_of(api),
                 max_body_bytes=settings.max_body_bytes,
                 api_key=settings.api_key,
                 body_timeout_seconds=settings.body_timeout_seconds,
+                metrics=runtime.metrics,
             )
 
         return route
@@ -105,6 +107,17 @@ def create_app(
             return error_response(error)
         model = {"id": runtime.service.model_id, "object": "model", "owned_by": "semif"}
         return json_response(200, {"object": "list", "data": [model]})
+
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics (adapter.metrics), answered without touching the engine.
+        Inside SageMaker unguarded (SageMaker scrapes it; its IAM guards the endpoint),
+        outside guarded by SEMIF_API_KEY like /invocations."""
+        try:
+            authenticate(request, invocations_key)
+        except ApiError as error:
+            return error_response(error)
+        content, media_type = runtime.metrics.exposition()
+        return Response(content, media_type=media_type)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -142,9 +155,10 @@ def create_app(
             Route("/ping", ping, methods=["GET"]),
             Route("/invocations", invocations, methods=["POST"]),
             Route("/endpoints/{name}/invocations", sagemaker_runtime, methods=["POST"]),
-            Route("/v1/systemone", guarded(handlers.answer_systemone), methods=["POST"]),
-            Route("/v1/chat/completions", guarded(handlers.complete_chat), methods=["POST"]),
+            Route("/v1/systemone", guarded("systemone"), methods=["POST"]),
+            Route("/v1/chat/completions", guarded("chat"), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},

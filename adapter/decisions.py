@@ -25,12 +25,16 @@ def decide(
     mode: Mode,
     policy: Policy = DEFAULT_POLICY,
     cancel: Cancellation | None = None,
+    *,
+    retry_token: str | None = None,
 ) -> dict[str, Any]:
     """Score every decision in the policy's option order (adapter.ordering), all in one
-    batch: a shared prefix, and every debiased rotation, is evaluated once."""
+    batch: a shared prefix, and every debiased rotation, is evaluated once. `retry_token`
+    is the caller's place in the retry line (DecisionService.score)."""
     order = policy.option_order or service.option_order
     variants = [Variants.of(d, "choice", order, service.calibration) for d in decisions]
-    readings, batch = service.read_variants(variants, decision_paths(mode, len(decisions)), cancel)
+    paths = decision_paths(mode, len(decisions))
+    readings, batch = service.read_variants(variants, paths, cancel, retry_token=retry_token)
     results = []
     offset = 0
     for variant, reading in zip(variants, readings, strict=True):

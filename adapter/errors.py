@@ -113,7 +113,9 @@ MAX_RETRY_AFTER_S = 30  # the longest Retry-After the adapter sends
 
 class UnavailableError(ApiError):
     """503: the model is loading, unhealthy, or out of capacity; `retryable` says whether a
-    retry after `Retry-After` seconds can succeed, `cause` (logged, not answered) why."""
+    retry after `Retry-After` seconds can succeed, `cause` (logged, not answered) why, and
+    `retry_token` (answered) the caller's place in the retry line, to send back with the
+    retry (RETRY_TOKEN_ATTRIBUTE)."""
 
     status = 503
 
@@ -123,10 +125,13 @@ class UnavailableError(ApiError):
         *,
         retryable: bool,
         retry_after: int = 1,
+        retry_token: str | None = None,
         cause: UnavailableCause | None = None,
     ) -> None:
         # The hint is in the body too: SageMaker's InvokeEndpoint drops container headers.
         extra: dict[str, Any] = {"retry_after_seconds": retry_after} if retryable else {}
+        if retryable and retry_token is not None:
+            extra["retry_token"] = retry_token
         super().__init__(message, retryable=retryable, **extra)
         self.retryable = retryable
         self.retry_after = retry_after

@@ -19,8 +19,9 @@ from adapter.runtime import Runtime
 from adapter.schema import parse_decision_body
 
 Result = tuple[dict[str, Any], dict[str, Any]]
-# (runtime, body, request id, the request's cancellation) -> awaitable Result
-Handler = Callable[[Runtime, Any, str, Cancellation], Any]
+# (runtime, body, request id, the request's cancellation, the retry token it brought) ->
+# awaitable Result
+Handler = Callable[[Runtime, Any, str, Cancellation, str | None], Any]
 
 
 def batching_fields(timing: dict[str, Any]) -> dict[str, Any]:
@@ -36,15 +37,20 @@ def batching_fields(timing: dict[str, Any]) -> dict[str, Any]:
     return {key: timing[key] for key in keys}
 
 
-async def decide(runtime: Runtime, body: Any, request_id: str, cancel: Cancellation) -> Result:
+async def decide(
+    runtime: Runtime, body: Any, request_id: str, cancel: Cancellation, retry_token: str | None
+) -> Result:
     """The decision API: one decision, or a shared-state batch scored as branches."""
     request = parse_decision_body(body, runtime.settings.max_shared_decisions)
     mode, asked = request.mode, request.decisions
     async with runtime.admit() as service:
         scored = await anyio.to_thread.run_sync(
-            decisions.decide, service, asked, mode, request.policy, cancel
+            lambda: decisions.decide(
+                service, asked, mode, request.policy, cancel, retry_token=retry_token
+            )
         )
     results = scored["results"]
+    runtime.metrics.abstentions.inc(sum(1 for result in results if result["abstained"]))
     response: dict[str, Any] = {"result": results[0]} if mode == "single" else {"results": results}
     response.update(model=service.model, timing=scored["timing"], request_id=request_id)
     log = {
@@ -57,12 +63,14 @@ async def decide(runtime: Runtime, body: Any, request_id: str, cancel: Cancellat
 
 
 async def answer_systemone(
-    runtime: Runtime, body: Any, request_id: str, cancel: Cancellation
+    runtime: Runtime, body: Any, request_id: str, cancel: Cancellation, retry_token: str | None
 ) -> Result:
     """System One: every question about the state in one batched pass, format-exact answer."""
     request = systemone.parse_systemone(body, runtime.settings.max_shared_decisions)
     async with runtime.admit() as service:
-        response, batch = await anyio.to_thread.run_sync(systemone.answer, service, request, cancel)
+        response, batch = await anyio.to_thread.run_sync(
+            lambda: systemone.answer(service, request, cancel, retry_token=retry_token)
+        )
     timing = batch.timing_json()
     log = {
         "mode": "systemone",
@@ -74,9 +82,12 @@ async def answer_systemone(
 
 
 async def complete_chat(
-    runtime: Runtime, body: Any, request_id: str, cancel: Cancellation
+    runtime: Runtime, body: Any, request_id: str, cancel: Cancellation, retry_token: str | None
 ) -> Result:
-    """Chat completion by the loaded model, under the same admission control."""
+    """Chat completion by the loaded model, under the same admission control. Chat holds
+    no place in the retry line (a generation is refused only by a full queue): a token it
+    brings is ignored."""
+    del retry_token
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
     settings = runtime.settings
@@ -103,14 +114,20 @@ async def complete_chat(
     return response, log
 
 
+BY_API: dict[str, Handler] = {
+    "decision": decide,
+    "systemone": answer_systemone,
+    "chat": complete_chat,
+}
 # /invocations picks the API by the body's distinguishing field; the decision API is the
 # default, so the reference sample's bodies work unchanged.
-BY_FIELD: dict[str, Handler] = {"questions": answer_systemone, "messages": complete_chat}
+API_BY_FIELD: dict[str, str] = {"questions": "systemone", "messages": "chat"}
 
 
-def select_handler(body: Any) -> Handler:
+def select_api(body: Any) -> str:
+    """The API a body is for (a key of BY_API; its name labels logs and metrics)."""
     if isinstance(body, dict):
-        for key, handler in BY_FIELD.items():
+        for key, api in API_BY_FIELD.items():
             if key in body:
-                return handler
-    return decide
+                return api
+    return "decision"

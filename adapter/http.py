@@ -40,13 +40,22 @@ from adapter.errors import (
     UnsupportedMediaTypeError,
 )
 from adapter.fields import member_path
+from adapter.metrics import Metrics
 
 LOG = logging.getLogger("adapter.requests")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_JSON_DEPTH = 64  # far beyond any valid body; keeps every later walk shallow
-# An API call: (body, request id, the request's cancellation) -> (response body, extra log
-# fields).
-Call = Callable[[Any, str, Cancellation], Awaitable[tuple[dict[str, Any], dict[str, Any]]]]
+# An API call: (body, request id, the request's cancellation, the retry token it brought)
+# -> (response body, extra log fields).
+Call = Callable[
+    [Any, str, Cancellation, str | None], Awaitable[tuple[dict[str, Any], dict[str, Any]]]
+]
+# A 503's retry_token comes back in the header SageMaker forwards InvokeEndpoint's
+# CustomAttributes as (the only request header a caller controls through SageMaker), as
+# `semif-retry-token=<token>`, beside any other attributes (separated by `;` or `,`).
+CUSTOM_ATTRIBUTES_HEADER = "x-amzn-sagemaker-custom-attributes"
+RETRY_TOKEN_ATTRIBUTE = "semif-retry-token"  # noqa: S105 - a name, not a secret
+_RETRY_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def json_response(status: int, body: dict[str, Any], **headers: str) -> Response:
@@ -196,27 +205,50 @@ def authenticate(request: Request, api_key: str | None) -> None:
         )
 
 
+def retry_token_of(request: Request) -> str | None:
+    """The retry token the request brought back (adapter.core.retry_line), or None; a
+    malformed one is a 400 naming the header, never a silent newcomer."""
+    attributes = request.headers.get(CUSTOM_ATTRIBUTES_HEADER, "")
+    for attribute in re.split(r"[;,]", attributes):
+        key, _, value = attribute.partition("=")
+        if key.strip() == RETRY_TOKEN_ATTRIBUTE:
+            if not _RETRY_TOKEN.match(value.strip()):
+                raise RequestError(
+                    f"headers.{CUSTOM_ATTRIBUTES_HEADER}",
+                    f"{RETRY_TOKEN_ATTRIBUTE} must be the retry_token of a 503 answer "
+                    "(1 to 64 characters from A-Z a-z 0-9 _ -)",
+                )
+            return value.strip()
+    return None
+
+
 async def answer(
     request: Request,
-    call: Callable[[Any], Call],
+    call: Callable[[Any], tuple[str, Call]],
     *,
     max_body_bytes: int,
     api_key: str | None = None,
     body_timeout_seconds: float = 30.0,
+    metrics: Metrics | None = None,
 ) -> Response:
-    """Run one API call (`call(body)` picks it from the parsed body): check the key when one
-    is given, read the body, map every error to its JSON answer and log the call once."""
+    """Run one API call (`call(body)` picks it from the parsed body, and names its API):
+    check the key when one is given, read the body, map every error to its JSON answer, and
+    log the call once and count it in `metrics` from the same fields."""
     request_id = request_id_of(request)
     started = time.perf_counter()
     log: dict[str, Any] = {"request_id": request_id, "path": request.url.path}
     headers = {"x-request-id": request_id}
     cancel = Cancellation()
+    api = "unknown"  # until the body names one
     watcher: asyncio.Task[None] | None = None
     try:
         authenticate(request, api_key)
+        retry_token = retry_token_of(request)
         body = await read_json_body(request, max_body_bytes, body_timeout_seconds)
         watcher = asyncio.create_task(watch_disconnect(request, cancel))
-        payload, details = await call(body)(body, request_id, cancel)
+        api, run = call(body)
+        log["api"] = api
+        payload, details = await run(body, request_id, cancel, retry_token)
         log.update(details)
         response = json_response(200, payload, **headers)
     except ApiError as error:
@@ -238,8 +270,11 @@ async def answer(
         # whatever was computed goes to nobody, which is a 499 however the work ended.
         log["client_gone"] = True
         status = ClientDisconnectedError.status
-    log.update(status=status, seconds=round(time.perf_counter() - started, 6))
+    seconds = time.perf_counter() - started
+    log.update(status=status, seconds=round(seconds, 6))
     LOG.info(json.dumps(log, default=str, allow_nan=True))
+    if metrics is not None:
+        metrics.observe_call(api, status, seconds, log)
     return response
 
 

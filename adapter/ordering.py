@@ -135,6 +135,8 @@ class Variants:
     decision: Decision
     orders: tuple[Order, ...]
     correction: Correction
+    kind: QuestionKind  # what is asked (the metrics count questions by it)
+    mode: OptionOrder  # the option-order mode the orders came from
 
     @classmethod
     def of(
@@ -146,7 +148,8 @@ class Variants:
     ) -> Variants:
         """A question of `kind` read in `mode` under the model's calibration."""
         orders = plan(decision.options, mode, ordinal=kind == "score")
-        return cls(decision, orders, correction(calibration, kind, mode, len(decision.options)))
+        fix = correction(calibration, kind, mode, len(decision.options))
+        return cls(decision, orders, fix, kind, mode)
 
     def read(
         self, prompts: Sequence[str], tokens: Sequence[int], readouts: Sequence[SlotReadout]

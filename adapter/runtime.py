@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,7 @@ from adapter.calibration import check_calibration
 from adapter.core.engine import LlamaEngine
 from adapter.errors import UnavailableError
 from adapter.labels import LabelSet, probe_decision, probe_labels
+from adapter.metrics import Metrics
 from adapter.model_files import resolve_model_files
 from adapter.prompts import (
     PAIR_LABEL_SEQUENCES,
@@ -46,9 +48,14 @@ class StartError(RuntimeError):
     """The server cannot serve with these settings and this model."""
 
 
-def load_service(settings: Settings, cancel: threading.Event | None = None) -> DecisionService:
+def load_service(
+    settings: Settings,
+    cancel: threading.Event | None = None,
+    metrics: Metrics | None = None,
+) -> DecisionService:
     """Load backends, verify the model files and build the scoring service; `cancel` (set
-    at shutdown) aborts the load and, later, in-flight work."""
+    at shutdown) aborts the load and, later, in-flight work; `metrics` hears its passes and
+    readouts."""
     backends = load_backends(settings.llama_lib_path)
     if settings.n_gpu_layers != 0 and not any(
         name.startswith(_GPU_BACKEND_PREFIXES) for name in backends
@@ -104,6 +111,7 @@ def load_service(settings: Settings, cancel: threading.Event | None = None) -> D
         calibration=files.calibration,
         option_order=settings.option_order,
         limits=settings.queue_limits,
+        metrics=metrics,
     )
 
 
@@ -147,16 +155,25 @@ class Runtime:
     stopping: bool = False
     # Set when in-flight work must stop (the grace period after SIGTERM ran out).
     cancel: threading.Event = field(default_factory=threading.Event)
+    metrics: Metrics = field(default_factory=Metrics)  # GET /metrics (adapter.metrics)
+
+    def __post_init__(self) -> None:
+        self.metrics.watch(
+            queue_depth=lambda: 0 if self.service is None else self.service.scheduler.waiting,
+            in_flight=lambda: self.in_flight,
+        )
 
     def load(self) -> None:
         """Blocking load; records failure instead of raising so /ping can report it."""
+        started = time.monotonic()
         try:
-            self.service = load_service(self.settings, self.cancel)
+            self.service = load_service(self.settings, self.cancel, self.metrics)
         except Exception as error:
             self.state, self.error = "failed", f"{type(error).__name__}: {error}"
             LOG.error("model load failed: %s", self.error)
             raise
         self.state = "ready"
+        self.metrics.model_load_seconds.set(time.monotonic() - started)
         LOG.info("model ready: %s", self.service.model.get("file"))
 
     @property

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from adapter.cancel import Cancellation, deadline_error
-from adapter.core.engine import LlamaEngine, PromptScore
+from adapter.core.engine import BatchTiming, LlamaEngine, PromptScore
 from adapter.core.failures import TooSlowError
 
 # Chat's request and answer types, re-exported: the chat API (adapter.chat) reaches the
@@ -30,6 +30,7 @@ from adapter.core.layout import Price, common_prefix_length, distinct_tokens, pr
 from adapter.core.scheduler import JobTiming, Scheduler
 from adapter.errors import RequestError, shutting_down
 from adapter.labels import LabelError, LabelSet
+from adapter.metrics import Metrics
 from adapter.ordering import Reading, Variants, expand, read
 from adapter.prompts import (
     ChatTemplate,
@@ -96,14 +97,30 @@ class DecisionService:
     option_order: OptionOrder = "canonical"  # SEMIF_OPTION_ORDER: requests may override it
     limits: QueueLimits = field(default_factory=QueueLimits)
     health: Health = field(default_factory=Health)
+    metrics: Metrics | None = None  # hears every pass and every question's readout
     scheduler: Scheduler = field(init=False)
     _native: threading.Lock = field(default_factory=threading.Lock)  # tokenizing vs close
     _closed: bool = False
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(
-            self.engine, limits=self.limits, on_native_failure=self._mark_unhealthy
+            self.engine,
+            limits=self.limits,
+            on_native_failure=self._mark_unhealthy,
+            on_pass=self._observe_pass,
         )
+
+    def _observe_pass(self, requests: int, prompts: int, timing: BatchTiming) -> None:
+        """A pass's facts for the metrics (on the worker)."""
+        if self.metrics is not None:
+            self.metrics.observe_pass(
+                requests=requests,
+                prompts=prompts,
+                evaluated=timing.evaluated_tokens,
+                reused=timing.reused_tokens,
+                pad=timing.pad_tokens,
+                seconds=timing.seconds,
+            )
 
     @property
     def model_id(self) -> str:
@@ -211,17 +228,21 @@ class DecisionService:
         decisions: Sequence[Decision],
         paths: Sequence[str],
         cancel: Cancellation | None = None,
+        *,
+        retry_token: str | None = None,
     ) -> ScoredBatch:
         """Score decisions of any size (2..260 options) in the scheduler's next passes.
 
         `paths` name each decision in errors; `cancel` (adapter.cancel) is the request's own,
-        set by the HTTP layer when its client leaves (in-process callers may omit it).
+        set by the HTTP layer when its client leaves (in-process callers may omit it);
+        `retry_token` the place in the retry line (adapter.core.retry_line) that an earlier
+        503 gave its client, which lets it in ahead of newcomers once due.
         Everything is validated (prompt and request token limits) before the request
         queues; decisions about one state share its prefix, and options labelled with two
         tokens get their second-token logits in the same pass.
         """
         started = time.monotonic()
-        self.scheduler.check_room()  # before the work of rendering and tokenizing
+        self.scheduler.check_room(retry_token)  # before the work of rendering and tokenizing
         prompts = self._render(decisions, paths)
         labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
         firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]
@@ -239,6 +260,7 @@ class DecisionService:
             cancel,
             cost=cost,
             boundaries=[cuts[owner] for owner in owners],
+            retry_token=retry_token,
         )
         try:
             parts, timing = self._wait(job.future, cancel, started)
@@ -302,11 +324,19 @@ class DecisionService:
         variants: Sequence[Variants],
         paths: Sequence[str],
         cancel: Cancellation | None = None,
+        *,
+        retry_token: str | None = None,
     ) -> tuple[list[Reading], ScoredBatch]:
         """Score each question's prompts in its option order (adapter.ordering) in one
         batch, and read them back in the caller's order: how every API scores options."""
-        batch = self.score(*expand(variants, paths), cancel)
-        return read(variants, batch), batch
+        batch = self.score(*expand(variants, paths), cancel, retry_token=retry_token)
+        readings = read(variants, batch)
+        if self.metrics is not None:
+            for variant, reading in zip(variants, readings, strict=True):
+                self.metrics.observe_question(
+                    variant.kind, variant.mode, reading.allowed_token_mass
+                )
+        return readings, batch
 
     def generate(
         self,

@@ -178,9 +178,14 @@ def shape_answer(question: Question, probabilities: Sequence[float]) -> dict[str
 
 
 def answer(
-    service: DecisionService, request: SystemOneRequest, cancel: Cancellation | None = None
+    service: DecisionService,
+    request: SystemOneRequest,
+    cancel: Cancellation | None = None,
+    *,
+    retry_token: str | None = None,
 ) -> tuple[dict[str, Any], ScoredBatch]:
-    """Score all questions in one engine call and shape the System One response.
+    """Score all questions in one engine call and shape the System One response
+    (`retry_token`: the caller's place in the retry line, DecisionService.score).
 
     `usage.input_tokens` counts the shared state prefix once (and every debiased rotation's
     suffix); nothing is generated.
@@ -192,7 +197,10 @@ def answer(
         for question in questions
     ]
     readings, batch = service.read_variants(
-        variants, [member_path("questions", question.key) for question in questions], cancel
+        variants,
+        [member_path("questions", question.key) for question in questions],
+        cancel,
+        retry_token=retry_token,
     )
     response = {
         "model": service.model_id,

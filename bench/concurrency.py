@@ -54,11 +54,14 @@ from bench.runner import save_figure
 from bench.tasks import shared_body, single_body
 from bench.workload import account_state, concurrent_decisions, many_questions
 from client.decision_client import (
+    CUSTOM_ATTRIBUTES_HEADER,
     DecisionClient,
     EndpointError,
     HttpTransport,
     RetryPolicy,
     Transport,
+    custom_attributes,
+    retry_token_of,
 )
 
 T = TypeVar("T")
@@ -245,9 +248,24 @@ def _failure(response: httpx.Response) -> Reply:
     )
 
 
+def hold_place(http: httpx.Client, response: httpx.Response) -> None:
+    """As a raw HTTP caller keeps its place in the server's retry line: a refusal's
+    `retry_token` goes back with the session's next request; any other answer ends it."""
+    try:
+        token = retry_token_of(response.json()) if response.status_code == 503 else None
+    except ValueError:
+        token = None
+    if token is None:
+        http.headers.pop(CUSTOM_ATTRIBUTES_HEADER, None)
+    else:
+        http.headers[CUSTOM_ATTRIBUTES_HEADER] = custom_attributes(token)
+
+
 def send_decision(http: httpx.Client, decision: Decision) -> Reply:
-    """One decision to our /invocations; the batch facts come from its `timing`."""
+    """One decision to our /invocations; the batch facts come from its `timing`. A refused
+    client's next request brings its retry token (`hold_place`)."""
     response = http.post("/invocations", json=single_body(decision))
+    hold_place(http, response)
     if response.status_code != 200:
         return _failure(response)
     timing = response.json().get("timing") or {}
@@ -314,9 +332,11 @@ class Level:
     batch_requests_max: int | None
     ok_past_invocation_limit: int  # 200s that SageMaker would have turned into errors
     # Overload: how long a refused request (503) waited for its answer, and how evenly the
-    # answers were shared (the fewest and most 200s any one client got).
+    # answers were shared (the fewest and most 200s any one client got; how many clients
+    # got at least one).
     refusal_seconds: dict[str, float] | None
     ok_per_client: tuple[int, int]
+    clients_answered: int
     share_with_all_options_in_top_tokens: float | None
     same_prompt_tokens: bool | None
     samples: list[dict[str, Any]] = field(repr=False)
@@ -355,10 +375,16 @@ def summarize_level(clients: int, samples: Sequence[Sample]) -> Level:
         ok_past_invocation_limit=sum(1 for s in ok if s.seconds > INVOCATION_LIMIT_S),
         refusal_seconds=latency_summary(refused) if refused else None,
         ok_per_client=(min(per_client.values()), max(per_client.values())),
+        clients_answered=sum(1 for count in per_client.values() if count > 0),
         share_with_all_options_in_top_tokens=sum(covers) / len(covers) if covers else None,
         same_prompt_tokens=all(same) if same else None,
         samples=[
-            {"seconds": s.seconds, "status": s.reply.status, "queue_seconds": s.reply.queue_seconds}
+            {
+                "seconds": s.seconds,
+                "status": s.reply.status,
+                "queue_seconds": s.reply.queue_seconds,
+                "client": s.client,
+            }
             for s in samples
         ],
     )
@@ -375,9 +401,9 @@ class _CountingTransport:
         self.inner = inner
         self.attempts = 0
 
-    def post(self, body: bytes) -> Any:
+    def post(self, body: bytes, retry_token: str | None = None) -> Any:
         self.attempts += 1
-        return self.inner.post(body)
+        return self.inner.post(body, retry_token)
 
     def wait_until_ready(
         self, timeout_s: float, progress: Callable[[str], None] | None = None

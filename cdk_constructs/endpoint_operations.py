@@ -238,3 +238,89 @@ class EndpointAlarms(Construct):
             for name, description, alarm_metric, threshold in checks
         ]
         return alarms
+
+
+# SageMaker's detailed observability labels every metric it publishes with the endpoint's
+# name; a label name with dots is written quoted in PromQL.
+ENDPOINT_LABEL = "aws.sagemaker.endpoint.name"
+SIGNAL_WINDOW = "10m"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionSignalThresholds:
+    """When the decision signals alarm, read from the adapter's own metrics (the container's
+    `/metrics`, which SageMaker scrapes): the share of calls answered 503 (overload, past
+    what autoscaling catches up with) and the median probability the model gives the option
+    labels (a collapse means it stopped answering with them: a wrong model or template)."""
+
+    max_unavailable_percent: float = 25.0
+    min_median_allowed_token_mass: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(
+            0 < self.max_unavailable_percent <= 100,
+            f"signal_alarms.max_unavailable_percent: {self.max_unavailable_percent} is "
+            "outside (0, 100]",
+        )
+        require(
+            0 < self.min_median_allowed_token_mass < 1,
+            f"signal_alarms.min_median_allowed_token_mass: "
+            f"{self.min_median_allowed_token_mass} is outside (0, 1)",
+        )
+
+
+class DecisionSignalAlarms(Construct):
+    """Two PromQL alarms on the decision endpoint's container metrics (adapter/metrics.py),
+    each with alarm and OK actions on `topic`; neither fires without traffic."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        endpoint_name: str,
+        thresholds: DecisionSignalThresholds,
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        where = f'{{"{ENDPOINT_LABEL}"="{endpoint_name}"}}'
+        share = thresholds.max_unavailable_percent / 100
+        unavailable = (
+            f"sum(rate(semif_unavailable_total{where}[{SIGNAL_WINDOW}])) / "
+            f"sum(rate(semif_requests_total{where}[{SIGNAL_WINDOW}])) > {share:g}"
+        )
+        mass = (
+            f"histogram_quantile(0.5, sum by (le) "
+            f"(rate(semif_allowed_token_mass_bucket{where}[{SIGNAL_WINDOW}]))) "
+            f"< {thresholds.min_median_allowed_token_mass:g}"
+        )
+        self.alarms = [
+            cloudwatch.PromQLAlarm(
+                self,
+                name,
+                alarm_description=description,
+                query=query,
+                evaluation_interval=PERIOD,
+                pending_period=Duration.minutes(5),
+                recovery_period=Duration.minutes(5),
+            )
+            for name, description, query in (
+                (
+                    "Unavailable",
+                    f"{endpoint_name}: more than {thresholds.max_unavailable_percent:g} % of "
+                    "calls answered 503 (overload, queue timeouts, deadlines) for 5 minutes",
+                    unavailable,
+                ),
+                (
+                    "LetterMass",
+                    f"{endpoint_name}: median allowed-token mass below "
+                    f"{thresholds.min_median_allowed_token_mass:g} for 5 minutes: the model "
+                    "stopped answering with the option labels",
+                    mass,
+                ),
+            )
+        ]
+        action = cloudwatch_actions.SnsAction(topic)
+        for alarm in self.alarms:
+            alarm.add_alarm_action(action)
+            alarm.add_ok_action(action)

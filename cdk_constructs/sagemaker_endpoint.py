@@ -60,6 +60,11 @@ VPC_ACTIONS = (*VPC_DESCRIBE_ACTIONS, *VPC_ENI_ACTIONS)
 MAX_ROLLBACK_ALARMS = 10
 _MAX_WAIT_S = 3600
 _EXECUTION_TIMEOUT_S = (600, 28800)
+# botocore and CloudFormation: MetricsConfig.MetricPublishFrequencyInSeconds, and
+# PrefixAwareRoutingConfig's PrefixLength and ConcurrencyThreshold ranges.
+METRIC_PUBLISH_SECONDS = (10, 30, 60, 120, 180, 240, 300)
+PREFIX_LENGTH_BYTES = (1024, 65536)
+CONCURRENCY_THRESHOLD = (1, 1024)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +246,60 @@ class Rollout:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Observability:
+    """The endpoint config's MetricsConfig, set explicitly: detailed observability on, so
+    SageMaker scrapes the container's Prometheus metrics from `/metrics` on port 8080 and
+    publishes them every `publish_frequency_seconds`. That path is SageMaker's default for a
+    bring-your-own container and where the adapter serves them; CloudFormation's
+    AWS::SageMaker::Model has no ContainerMetricsConfig to name another (CreateModel has)."""
+
+    publish_frequency_seconds: int = 60
+
+    def __post_init__(self) -> None:
+        require(
+            self.publish_frequency_seconds in METRIC_PUBLISH_SECONDS,
+            f"metrics.publish_frequency_seconds: {self.publish_frequency_seconds} is not one "
+            f"of {list(METRIC_PUBLISH_SECONDS)}",
+        )
+
+    def metrics_config(self) -> sagemaker.CfnEndpointConfig.MetricsConfigProperty:
+        return sagemaker.CfnEndpointConfig.MetricsConfigProperty(
+            enable_detailed_observability=True,
+            metric_publish_frequency_in_seconds=self.publish_frequency_seconds,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixAwareRouting:
+    """The variant's RoutingConfig PREFIX_AWARE: requests whose first `prefix_length_bytes`
+    agree go to the same instance until it has `concurrency_threshold` requests in flight."""
+
+    prefix_length_bytes: int
+    concurrency_threshold: int
+
+    def __post_init__(self) -> None:
+        low, high = PREFIX_LENGTH_BYTES
+        require(
+            low <= self.prefix_length_bytes <= high,
+            f"routing.prefix_length_bytes: {self.prefix_length_bytes} is outside {low}..{high}",
+        )
+        low, high = CONCURRENCY_THRESHOLD
+        require(
+            low <= self.concurrency_threshold <= high,
+            f"routing.concurrency_threshold: {self.concurrency_threshold} is outside {low}..{high}",
+        )
+
+    def routing_config(self) -> sagemaker.CfnEndpointConfig.RoutingConfigProperty:
+        return sagemaker.CfnEndpointConfig.RoutingConfigProperty(
+            routing_strategy="PREFIX_AWARE",
+            prefix_aware_routing_config=sagemaker.CfnEndpointConfig.PrefixAwareRoutingConfigProperty(
+                prefix_length=self.prefix_length_bytes,
+                concurrency_threshold=self.concurrency_threshold,
+            ),
+        )
+
+
 def endpoint_log_group_name(endpoint_name: str) -> str:
     return f"/aws/sagemaker/Endpoints/{endpoint_name}"
 
@@ -253,7 +312,9 @@ class SageMakerEndpoint(Construct):
     write only this endpoint's log group. The log group has the fixed name SageMaker
     writes to, so it is never retained: a retained one would make the next deploy after a
     destroy fail with "already exists". `rollback_alarms` (created before the endpoint)
-    roll a failing update back.
+    roll a failing update back. `observability` sets the config's MetricsConfig (unset:
+    SageMaker's defaults), `routing` the variant's prefix-aware routing (unset: SageMaker's
+    default router).
     """
 
     def __init__(
@@ -272,6 +333,8 @@ class SageMakerEndpoint(Construct):
         rollout: Rollout,
         rollback_alarms: Sequence[cloudwatch.IAlarm],
         log_key: kms.IKey,
+        observability: Observability | None = None,
+        routing: PrefixAwareRouting | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         require(
@@ -331,8 +394,10 @@ class SageMakerEndpoint(Construct):
                     placement=placement,
                     initial_instance_count=initial_instance_count,
                     startup_timeout_seconds=startup_timeout_seconds,
+                    routing=routing,
                 )
             ],
+            metrics_config=None if observability is None else observability.metrics_config(),
             # Instances with local NVMe storage (every GPU pool type, CPU `*d.*` types)
             # reject a volume key.
             kms_key_id=model.key.key_arn if volume_key else None,
@@ -493,6 +558,7 @@ def _production_variant(
     placement: Placement,
     initial_instance_count: int,
     startup_timeout_seconds: int,
+    routing: PrefixAwareRouting | None,
 ) -> sagemaker.CfnEndpointConfig.ProductionVariantProperty:
     """A fixed CPU instance type, or ordered GPU pools + CUDA AMI: never both."""
     cpu = placement if isinstance(placement, CpuPlacement) else None
@@ -517,4 +583,5 @@ def _production_variant(
         if gpu
         else None,
         inference_ami_version=gpu.inference_ami_version if gpu else None,
+        routing_config=None if routing is None else routing.routing_config(),
     )

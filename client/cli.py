@@ -31,6 +31,7 @@ from client.decision_client import (
     RetryPolicy,
     ScoreAnswer,
     SystemOneAnswers,
+    check_prefix_aware_id,
 )
 
 TOP_PROBABILITIES = 5
@@ -122,15 +123,31 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _prefix_aware_id(text: str) -> str:
+    try:
+        check_prefix_aware_id(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def _client(args: argparse.Namespace) -> DecisionClient:
     retry = RetryPolicy(max_attempts=args.max_attempts, max_total_s=args.max_retry_s)
     if args.url:
         api_key = os.environ.get("SEMIF_API_KEY") or None
         return DecisionClient.for_url(
-            args.url, retry=retry, timeout_s=args.timeout, api_key=api_key
+            args.url,
+            retry=retry,
+            timeout_s=args.timeout,
+            api_key=api_key,
+            prefix_aware_id=args.prefix_aware_id,
         )
     return DecisionClient.for_endpoint(
-        args.endpoint_name, region=args.region, endpoint_url=args.endpoint_url, retry=retry
+        args.endpoint_name,
+        region=args.region,
+        endpoint_url=args.endpoint_url,
+        retry=retry,
+        prefix_aware_id=args.prefix_aware_id,
     )
 
 
@@ -237,6 +254,12 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--region", help="AWS region of the endpoint (default: boto3's)")
     where.add_argument(
         "--endpoint-url", help="send SageMaker runtime calls here (e.g. a local serve)"
+    )
+    where.add_argument(
+        "--prefix-aware-id",
+        type=_prefix_aware_id,
+        help="a routing hint for an endpoint with prefix-aware routing (1-64 characters): "
+        "requests with the same leading bytes and id go to the same instance",
     )
     behaviour = target.add_argument_group("behaviour")
     behaviour.add_argument("--json", action="store_true", help="print the raw JSON answer")

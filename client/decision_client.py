@@ -5,7 +5,9 @@ One interface, two transports: a SageMaker endpoint through boto3's `sagemaker-r
 the same calls work on both. A busy answer (a retryable 503, a 429, SageMaker throttling)
 is retried: after the endpoint's own Retry-After when it gives one, else with capped
 exponential backoff and full jitter, within a bounded number of attempts and a bounded total
-time; other answers are never retried. Errors keep the endpoint's message.
+time; other answers are never retried. A retry sends back the refusal's `retry_token`, the
+caller's place in the endpoint's retry line, so it is served ahead of newcomers once its
+turn comes. Errors keep the endpoint's message.
 
 Only boto3 (SageMaker) or httpx (local URL) is needed: this module never imports llama.cpp.
 
@@ -35,6 +37,19 @@ _RETRYABLE_STATUSES = (429, 503)
 # SageMaker is not known to pass a container's headers on in a ModelError: a hint meant for
 # SageMaker callers has to ride in the JSON body, under this name.
 RETRY_AFTER_FIELD = "retry_after_seconds"
+# A refusal's place in the endpoint's retry line: the body's `retry_token`, sent back as
+# `semif-retry-token=<token>` in InvokeEndpoint's CustomAttributes, which SageMaker forwards
+# as the header below (sent as such to a URL).
+RETRY_TOKEN_FIELD = "retry_token"  # noqa: S105 - names, not secrets
+RETRY_TOKEN_ATTRIBUTE = "semif-retry-token"  # noqa: S105
+CUSTOM_ATTRIBUTES_HEADER = "x-amzn-sagemaker-custom-attributes"
+_RETRY_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# SageMaker's prefix-aware routing hint (InvokeEndpoint `PrefixAwareId`): 1-64 printable
+# characters, not starting with a space.
+PREFIX_AWARE_ID_HEADER = "x-amzn-sagemaker-prefix-aware-id"
+_PREFIX_AWARE_ID = re.compile(r"[!-~][ -~]{0,63}")
+# The keys that hold a state, put first in every body (`state_first`).
+_STATE_KEYS = ("decision", "decisions", "state")
 _DELTA_SECONDS = re.compile(r"[0-9]+")
 _ENDPOINT_DONE = ("InService", "Failed", "OutOfService", "Deleting")
 
@@ -52,13 +67,21 @@ class EndpointError(Exception):
 class BusyError(EndpointError):
     """A retryable answer: 429, 503 unless the body says `"retryable": false`, SageMaker
     throttling. Raised by the client once the retry policy gives up (the last answer is its
-    `__cause__`). `retry_after_s` is the endpoint's hint, None when it gave none."""
+    `__cause__`). `retry_after_s` is the endpoint's hint, None when it gave none;
+    `retry_token` the place in its retry line to send back with the next attempt."""
 
     def __init__(
-        self, status: int, message: str, body: Any = None, *, retry_after_s: float | None = None
+        self,
+        status: int,
+        message: str,
+        body: Any = None,
+        *,
+        retry_after_s: float | None = None,
+        retry_token: str | None = None,
     ) -> None:
         super().__init__(status, message, body)
         self.retry_after_s = retry_after_s
+        self.retry_token = retry_token
 
 
 class UnreachableError(EndpointError):
@@ -263,9 +286,10 @@ class ChatCompletion:
 
 
 class Transport(Protocol):
-    """Posts one JSON body to /invocations; returns the parsed 2xx answer or raises."""
+    """Posts one JSON body to /invocations, with the retry token an earlier refusal gave
+    (if any); returns the parsed 2xx answer or raises."""
 
-    def post(self, body: bytes) -> Any: ...
+    def post(self, body: bytes, retry_token: str | None = None) -> Any: ...
 
     def wait_until_ready(
         self, timeout_s: float, progress: Callable[[str], None] | None = None
@@ -288,6 +312,17 @@ def _retry_after_s(header: str | None, body: Any) -> float | None:
     return float(hint)
 
 
+def retry_token_of(body: Any) -> str | None:
+    """The refusal's place in the retry line, when the body carries a well-formed one."""
+    token = body.get(RETRY_TOKEN_FIELD) if isinstance(body, dict) else None
+    return token if isinstance(token, str) and _RETRY_TOKEN.fullmatch(token) else None
+
+
+def custom_attributes(retry_token: str) -> str:
+    """The CustomAttributes (or header) value that hands a retry token back."""
+    return f"{RETRY_TOKEN_ATTRIBUTE}={retry_token}"
+
+
 def _error_from_answer(status: int, text: str, retry_after: str | None) -> EndpointError:
     """Keep the endpoint's own message: the `error` field of a JSON body, else the text.
     429 and 503 are busy unless the body says `"retryable": false` (an unhealthy model)."""
@@ -299,8 +334,45 @@ def _error_from_answer(status: int, text: str, retry_after: str | None) -> Endpo
     message = message if isinstance(message, str) else text.strip() or f"HTTP {status}"
     refused = isinstance(body, dict) and body.get("retryable") is False
     if status in _RETRYABLE_STATUSES and not refused:
-        return BusyError(status, message, body, retry_after_s=_retry_after_s(retry_after, body))
+        return BusyError(
+            status,
+            message,
+            body,
+            retry_after_s=_retry_after_s(retry_after, body),
+            retry_token=retry_token_of(body),
+        )
     return EndpointError(status, message, body)
+
+
+def check_prefix_aware_id(value: str | None) -> str | None:
+    """A prefix-aware id as SageMaker takes it, else a ValueError saying why."""
+    if value is not None and not _PREFIX_AWARE_ID.fullmatch(value):
+        raise ValueError(
+            f"prefix_aware_id {value!r}: 1 to 64 printable ASCII characters, not starting "
+            "with a space"
+        )
+    return value
+
+
+def state_first(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body with its state first: at the top, `decision`, `decisions` or `state`, and
+    inside each decision its `state`; every other key keeps its place after them. Requests
+    about one state then share their leading bytes up to the end of it, whatever their ids,
+    questions and options, which is what SageMaker's prefix-aware routing keys on (it reads
+    the first PrefixLength bytes of the body). The endpoint accepts any key order."""
+
+    def ordered(item: Any, first: Sequence[str]) -> Any:
+        if not isinstance(item, Mapping):
+            return item
+        keys = [key for key in first if key in item]
+        return {key: item[key] for key in (*keys, *(k for k in item if k not in first))}
+
+    top = ordered(body, _STATE_KEYS)
+    if "decision" in top:
+        top["decision"] = ordered(top["decision"], ("state",))
+    if isinstance(top.get("decisions"), list):
+        top["decisions"] = [ordered(item, ("state",)) for item in top["decisions"]]
+    return dict(top)
 
 
 def _parse_answer(text: str | bytes) -> Any:
@@ -314,21 +386,30 @@ class HttpTransport:
     """A local (or any HTTP) `serve`: POST {base_url}/invocations."""
 
     def __init__(
-        self, base_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        api_key: str | None = None,
+        prefix_aware_id: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         # A local serve started with SEMIF_API_KEY guards every route but /ping.
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        routing = check_prefix_aware_id(prefix_aware_id)
+        if routing is not None:
+            headers[PREFIX_AWARE_ID_HEADER] = routing
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def describe(self) -> str:
         return self.base_url
 
-    def post(self, body: bytes) -> Any:
+    def post(self, body: bytes, retry_token: str | None = None) -> Any:
+        headers = {"content-type": "application/json"}
+        if retry_token is not None:
+            headers[CUSTOM_ATTRIBUTES_HEADER] = custom_attributes(retry_token)
         try:
-            response = self._http.post(
-                "/invocations", content=body, headers={"content-type": "application/json"}
-            )
+            response = self._http.post("/invocations", content=body, headers=headers)
         except httpx.HTTPError as error:
             raise UnreachableError(0, f"cannot reach {self.base_url}: {error}") from None
         if response.status_code >= 300:
@@ -385,10 +466,12 @@ class SageMakerTransport:
         endpoint_url: str | None = None,
         control_client: Any = None,
         poll_s: float = 15.0,
+        prefix_aware_id: str | None = None,
     ) -> None:
         if runtime_client is not None and endpoint_url is not None:
             raise ValueError("pass runtime_client or endpoint_url, not both")
         self.endpoint_name = endpoint_name
+        self.prefix_aware_id = check_prefix_aware_id(prefix_aware_id)
         self.region = region
         self.poll_s = poll_s  # DescribeEndpoint interval while waiting
         self._runtime = runtime_client or _boto3_client("sagemaker-runtime", region, endpoint_url)
@@ -400,15 +483,19 @@ class SageMakerTransport:
     def close(self) -> None:
         """boto3 clients hold no resources that need closing."""
 
-    def post(self, body: bytes) -> Any:
+    def post(self, body: bytes, retry_token: str | None = None) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        extra = {} if retry_token is None else {"CustomAttributes": custom_attributes(retry_token)}
+        if self.prefix_aware_id is not None:
+            extra["PrefixAwareId"] = self.prefix_aware_id
         try:
             answer = self._runtime.invoke_endpoint(
                 EndpointName=self.endpoint_name,
                 ContentType="application/json",
                 Accept="application/json",
                 Body=body,
+                **extra,
             )
         except ClientError as error:
             raise _error_from_client_error(error.response) from None
@@ -504,10 +591,15 @@ class DecisionClient:
         retry: RetryPolicy | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         api_key: str | None = None,
+        prefix_aware_id: str | None = None,
     ) -> DecisionClient:
         """A local or self-hosted `serve`, e.g. http://127.0.0.1:8080; `api_key` is the
-        server's SEMIF_API_KEY, sent as a bearer token."""
-        return cls(HttpTransport(base_url, timeout_s=timeout_s, api_key=api_key), retry=retry)
+        server's SEMIF_API_KEY, sent as a bearer token; `prefix_aware_id` is sent as
+        SageMaker's prefix-aware routing header (see `for_endpoint`)."""
+        transport = HttpTransport(
+            base_url, timeout_s=timeout_s, api_key=api_key, prefix_aware_id=prefix_aware_id
+        )
+        return cls(transport, retry=retry)
 
     @classmethod
     def for_endpoint(
@@ -519,30 +611,38 @@ class DecisionClient:
         endpoint_url: str | None = None,
         retry: RetryPolicy | None = None,
         control_client: Any = None,
+        prefix_aware_id: str | None = None,
     ) -> DecisionClient:
         """A SageMaker endpoint. `endpoint_url` sends the runtime calls elsewhere (e.g. a
         local serve) with the client's own boto3 settings; `runtime_client` reuses a boto3
-        client configured by the caller, botocore retries included."""
+        client configured by the caller, botocore retries included. `prefix_aware_id` (1-64
+        printable characters) is InvokeEndpoint's `PrefixAwareId`: on an endpoint with
+        prefix-aware routing, requests with the same leading bytes and the same id go to
+        the same instance, so applications that share prompt prefixes can keep apart."""
         transport = SageMakerTransport(
             endpoint_name,
             region=region,
             runtime_client=runtime_client,
             endpoint_url=endpoint_url,
             control_client=control_client,
+            prefix_aware_id=prefix_aware_id,
         )
         return cls(transport, retry=retry)
 
     def invoke(self, body: Mapping[str, Any]) -> Any:
-        """POST any body to /invocations and return the parsed JSON answer, retrying busy
-        answers under the policy; raises BusyError once the policy gives up."""
-        payload = json.dumps(body, allow_nan=False).encode()
+        """POST any body to /invocations (its state first, `state_first`) and return the
+        parsed JSON answer, retrying busy answers under the policy; raises BusyError once
+        the policy gives up."""
+        payload = json.dumps(state_first(body), allow_nan=False).encode()
         started = self._clock()
         attempts = 0
+        token: str | None = None  # the place the last refusal gave, sent back with the retry
         while True:
             attempts += 1
             try:
-                return self.transport.post(payload)
+                return self.transport.post(payload, token)
             except BusyError as error:
+                token = error.retry_token
                 elapsed = self._clock() - started
                 hint = error.retry_after_s
                 reason = self.retry.give_up_reason(attempts, elapsed, hint)
@@ -554,6 +654,7 @@ class DecisionClient:
                         f"last answer: {error.message}",
                         error.body,
                         retry_after_s=hint,
+                        retry_token=token,
                     ) from error
                 self._sleep(self.retry.delay_s(attempts - 1, elapsed, hint, self._rng.random()))
 

@@ -5,7 +5,8 @@ image has its own `/usr/bin/serve`) and that a required file is in the image (th
 backend library of a CUDA image), then starts the image the way SageMaker does
 (`docker run IMAGE serve`, model mounted at /opt/ml/model), waits for `/ping`, checks the
 reported ggml backends, scores one decision and one shared-state pair (the path that needs
-the binding's KV-cache sequence API to match the DLC's libllama) and checks the answers.
+the binding's KV-cache sequence API to match the DLC's libllama), checks the answers, and
+checks that `/metrics` (which SageMaker scrapes) counts the two calls.
 Build hosts have no GPU: both flavors are served with the CPU backend here (a CUDA image
 with `--env SEMIF_N_GPU_LAYERS=0`), which still runs the image's own libllama.
 stdlib only: it runs on the CodeBuild host, not in the image. Exit status 0 means the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -217,6 +219,29 @@ def check_shared(answer: dict[str, Any]) -> list[str]:
     return [str(result["id"]) for result in results]
 
 
+# The Prometheus sample that counts answered decision calls (adapter/metrics.py).
+_DECISIONS_ANSWERED = re.compile(
+    r'^semif_requests_total\{api="decision",status="200"\} ([0-9.e+]+)$', re.MULTILINE
+)
+
+
+def check_metrics(text: str, calls: int) -> float:
+    """The /metrics exposition counts at least `calls` answered decision calls."""
+    match = _DECISIONS_ANSWERED.search(text)
+    if match is None or float(match.group(1)) < calls:
+        found = match.group(0) if match else "no semif_requests_total sample for them"
+        raise SmokeError(f"/metrics does not count the {calls} decision calls: {found}")
+    return float(match.group(1))
+
+
+def scrape(url: str) -> str:
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:  # noqa: S310
+            return str(response.read().decode())
+    except (urllib.error.URLError, OSError) as error:
+        raise SmokeError(f"/metrics failed: {error}") from None
+
+
 def invoke(url: str, container: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """POST /invocations; a connection lost because the server died says how it died."""
     try:
@@ -251,7 +276,13 @@ def smoke(
         if status != 200:
             raise SmokeError(f"shared /invocations answered {status}: {str(shared)[:300]}")
         check_shared(shared)
-        report = {"smoke": "passed", "backends": backends, "probabilities": probabilities}
+        counted = check_metrics(scrape(url), calls=2)
+        report = {
+            "smoke": "passed",
+            "backends": backends,
+            "probabilities": probabilities,
+            "decision_calls_counted": counted,
+        }
         print(json.dumps({**report, "required_file": library}))
     except SmokeError:
         print(docker("logs", "--tail", "200", container), file=sys.stderr)

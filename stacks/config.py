@@ -24,13 +24,19 @@ from adapter.kv_memory import KvBudget
 from adapter.settings import SettingsError, load_settings
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from cdk_constructs.alarm_topic import require_email
-from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
+from cdk_constructs.endpoint_operations import (
+    AlarmThresholds,
+    Autoscaling,
+    DecisionSignalThresholds,
+)
 from cdk_constructs.model_build import ModelCalibration
 from cdk_constructs.sagemaker_endpoint import (
     CpuPlacement,
     GpuPlacement,
     NetworkSettings,
+    Observability,
     Placement,
+    PrefixAwareRouting,
     Rollout,
     StepUnit,
     TrafficShift,
@@ -60,6 +66,13 @@ MAX_REALTIME_REQUEST_SECONDS = 55.0
 # Scale out at three quarters of one batch per instance, while the batches still have room
 # and before requests wait in the queue (the metric counts queued requests too).
 SCALE_OUT_BATCH_FRACTION = 0.75
+# Prefix-aware routing keys on the first PrefixLength bytes of a body, and the clients put
+# the state first (client.decision_client.state_first). The window is SageMaker's smallest:
+# requests about one state agree on it whenever the state fills it (about 250 tokens and
+# more); a shorter state is cheap to decode again on another instance (a quarter of one of
+# the adapter's 1,024-row passes), and a longer window would take in the question, whose
+# bytes differ between requests about one state and would split them across instances.
+ROUTING_PREFIX_BYTES = 1024
 # SageMaker CPU families on Intel Xeon 4th generation (Sapphire Rapids) and later, whose CPUs
 # offer AMX: llama.cpp's AMX weight buffers crash there (adapter/weight_buffers.py).
 AMX_INSTANCE_FAMILIES = ("c7i", "m7i", "r7i", "c8i", "m8i", "r8i")
@@ -263,6 +276,12 @@ class DecisionEndpointSettings:
     # SEMIF_KV_MEMORY: what the KV cache may take (adapter/kv_memory.py): auto, bytes
     # (checked against a CPU instance's memory here) or a fraction of the container's.
     kv_memory: str = "auto"
+    # MetricsConfig: how often the container's /metrics (and SageMaker's own) are published.
+    metrics: Observability = field(default_factory=Observability)
+    # PromQL alarms on those metrics: the 503 share and the letter mass.
+    signal_alarms: DecisionSignalThresholds = field(default_factory=DecisionSignalThresholds)
+    # RoutingConfig PREFIX_AWARE (`routing`): only where the variant can have two instances.
+    prefix_aware_routing: bool = False
 
     def __post_init__(self) -> None:
         try:  # a canary/linear step must fit the fewest instances the variant can have
@@ -288,6 +307,12 @@ class DecisionEndpointSettings:
                 f"decision.threads: {self.threads} on GPU pools; leave it unset",
             )
         _require(self.max_tokens >= 256, f"decision.max_tokens: {self.max_tokens} < 256")
+        _require(
+            not self.prefix_aware_routing or self.autoscaling.max_capacity >= 2,
+            f"decision.prefix_aware_routing: autoscaling.max_capacity is "
+            f"{self.autoscaling.max_capacity}; routing by prefix needs two or more instances "
+            "to choose between",
+        )
         try:  # the container's own validation, so synth fails where the endpoint would
             settings = load_settings(self.container_environment())
         except SettingsError as error:
@@ -351,6 +376,18 @@ class DecisionEndpointSettings:
         """Concurrent requests per instance the autoscaling tracks (SageMaker's
         ConcurrentRequestsPerModel, queued requests included): a fraction of one batch."""
         return math.ceil(SCALE_OUT_BATCH_FRACTION * self.max_batch_requests)
+
+    @property
+    def routing(self) -> PrefixAwareRouting | None:
+        """Prefix-aware routing when enabled: a state's requests stay on one instance until
+        it holds a full batch in flight (SEMIF_MAX_BATCH_REQUESTS); past that a request there
+        would wait a pass, longer than decoding the state again elsewhere."""
+        if not self.prefix_aware_routing:
+            return None
+        return PrefixAwareRouting(
+            prefix_length_bytes=ROUTING_PREFIX_BYTES,
+            concurrency_threshold=self.max_batch_requests,
+        )
 
     @property
     def uses_gpu(self) -> bool:

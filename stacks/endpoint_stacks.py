@@ -19,7 +19,11 @@ from constructs import Construct
 from cdk_constructs.container_image import EcrImage
 from cdk_constructs.deploy_time_build import DeployTimeBuild
 from cdk_constructs.endpoint_check import EndpointCheck, Probe
-from cdk_constructs.endpoint_operations import EndpointAlarms, EndpointAutoscaling
+from cdk_constructs.endpoint_operations import (
+    DecisionSignalAlarms,
+    EndpointAlarms,
+    EndpointAutoscaling,
+)
 from cdk_constructs.image_build import (
     IMAGE_DIGEST_VARIABLE,
     IMAGE_URI_VARIABLE,
@@ -81,6 +85,8 @@ class DecisionEndpointStack(Stack):
             rollout=settings.rollout,
             rollback_alarms=alarms.rollback_alarms,
             log_key=model.key,
+            observability=settings.metrics,
+            routing=settings.routing,
         )
         EndpointAutoscaling(
             self,
@@ -88,6 +94,13 @@ class DecisionEndpointStack(Stack):
             endpoint=self.endpoint,
             settings=settings.autoscaling,
             target_concurrency=settings.target_concurrency,
+        )
+        DecisionSignalAlarms(
+            self,
+            "Signals",
+            endpoint_name=endpoint_name,
+            thresholds=settings.signal_alarms,
+            topic=alarm_topic,
         )
         self.check = EndpointCheck(
             self,

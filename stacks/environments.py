@@ -86,6 +86,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                     autoscaling=Autoscaling(min_capacity=2, max_capacity=6),
                     alarms=AlarmThresholds(p95_model_latency_ms=20_000),
                     rollout=CANARY_ONE_INSTANCE,
+                    prefix_aware_routing=True,
                 ),
                 standard=StandardEndpointSettings(
                     placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),

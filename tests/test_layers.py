@@ -38,6 +38,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # adapter modules that must stay free of the rest of the adapter
 PURE_ADAPTER_MODULES = {
+    "metrics",
     "errors",
     "readout",
     "backends",
@@ -72,6 +73,7 @@ CORE_EDGES: dict[str, set[str]] = {
     "failures": set(),
     "layout": set(),
     "vocab": set(),
+    "retry_line": set(),
     "native": {"adapter.weight_buffers", "adapter.kv_memory"},
     "generation": {"adapter.core.layout"},
     "engine": {
@@ -86,6 +88,7 @@ CORE_EDGES: dict[str, set[str]] = {
         "adapter.core.engine",
         "adapter.core.generation",
         "adapter.core.layout",
+        "adapter.core.retry_line",
         "adapter.cancel",
         "adapter.errors",
         "adapter.settings",

@@ -11,6 +11,8 @@ it so. Each module owns one piece of state and says which threads may touch it:
 - `generation`: one chat stream, through the engine's narrow stream interface. Worker only.
 - `layout`: where every token of a pass goes, and the one price function that says what a
   request costs. Pure: any thread (the planner's state is the engine's, worker only).
+- `retry_line`: the places refused requests hold, so the refused are served in turn. Pure;
+  the scheduler calls it under its queue lock.
 - `scheduler`: the queue (request threads submit under its lock) and the worker that runs
   passes and chat steps.
 - `failures`: the core's error types.

@@ -14,12 +14,14 @@ its own, since a newcomer would empty the cache it reads from.
 Overload is refused at arrival: once a pass has measured the speed, a request that finds
 more work queued ahead than it may wait (SEMIF_QUEUE_TIMEOUT_S) gets a retryable 503 at
 once instead of a 503 after the wait. A full queue (SEMIF_MAX_QUEUE) and a request still
-waiting after SEMIF_QUEUE_TIMEOUT_S get theirs too. Every refusal's Retry-After is a time of
-its own, a request's worth of work after the last one handed out (`_schedule_retry`): the
-refused come back about as fast as room frees, first refused first, instead of all at once
-to be refused again. A request whose own passes, at the speed its first ones ran, cannot
-end by its deadline is stopped there (adapter.core.failures.TooSlowError when it could not
-even alone), not decoded to the end for an answer nobody receives.
+waiting after SEMIF_QUEUE_TIMEOUT_S get theirs too. Every refusal is a place in a line
+(adapter.core.retry_line): a Retry-After of its own, a request's worth of work after the
+last place, and a token the client sends back with its retry. The refused come back about
+as fast as room frees, first refused first, and a returning holder enters ahead of
+newcomers, so under overload every client is served in turn, not only the quickest. A
+request whose own passes, at the speed its first ones ran, cannot end by its deadline is
+stopped there (adapter.core.failures.TooSlowError when it could not even alone), not
+decoded to the end for an answer nobody receives.
 
 Chat runs one generation at a time in the same worker, one token per step, between scoring
 passes: scoring never waits for a whole generation.
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from adapter.cancel import Cancellation, deadline_error
-from adapter.core.engine import LlamaEngine, PromptScore
+from adapter.core.engine import BatchTiming, LlamaEngine, PromptScore
 from adapter.core.failures import (
     CancelledWorkError,
     CapacityError,
@@ -46,10 +47,22 @@ from adapter.core.failures import (
 )
 from adapter.core.generation import Generation, GenerationRun, Sampling
 from adapter.core.layout import Price, price
-from adapter.errors import MAX_RETRY_AFTER_S, ApiError, UnavailableError, shutting_down
+from adapter.core.retry_line import Refusal, RetryLine
+from adapter.errors import (
+    MAX_RETRY_AFTER_S,
+    ApiError,
+    UnavailableCause,
+    UnavailableError,
+    shutting_down,
+)
 from adapter.settings import QueueLimits
 
 LOG = logging.getLogger("adapter")
+
+# Seconds a refused client may be late for its place before the line forgets it (it gave
+# up, or went elsewhere): long enough for a retry's jitter and a round trip.
+RETURN_GRACE_S = 2.0
+PLACES_PER_QUEUE_SLOT = 4  # the retry line holds this many places per SEMIF_MAX_QUEUE slot
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,11 @@ class _ChatJob:
     future: Future[Generation] = field(default_factory=Future)
 
 
+# Hears each scoring pass on the worker: (requests in it, prompts in it, what it cost). It
+# must be quick and must not raise (the service counts the pass in its metrics).
+PassObserver = Callable[[int, int, BatchTiming], None]
+
+
 class Scheduler:
     """The worker thread and its queue. Threads: `submit`, `submit_generation` and `close`
     run on request threads (under the queue's lock); everything else on the worker, the one
@@ -111,8 +129,10 @@ class Scheduler:
         *,
         limits: QueueLimits,
         on_native_failure: Callable[[Exception], None],
+        on_pass: PassObserver | None = None,
     ) -> None:
         self.engine = engine
+        self._on_pass = on_pass
         self.max_queue = limits.max_queue
         self.queue_timeout_seconds = limits.queue_timeout_seconds
         self.max_batch_requests = limits.max_batch_requests
@@ -126,7 +146,11 @@ class Scheduler:
         # Seconds a priced row takes, measured over recent passes; None until one ran.
         self._row_seconds: float | None = None
         self._request_rows: float | None = None  # what an admitted request is charged
-        self._retry_at = 0.0  # the latest retry time handed out (monotonic)
+        self._line = RetryLine(
+            horizon_s=MAX_RETRY_AFTER_S,
+            grace_s=RETURN_GRACE_S,
+            capacity=PLACES_PER_QUEUE_SLOT * self.max_queue,
+        )
         self._thread = threading.Thread(target=self._run, name="semif-scheduler", daemon=True)
         self._thread.start()
 
@@ -136,13 +160,14 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._queue) + len(self._chats)
 
-    def check_room(self) -> None:
+    def check_room(self, retry_token: str | None = None) -> None:
         """Refuse now what `submit` would refuse now (a full queue, more work ahead than a
-        request may wait): the service asks before rendering and tokenizing, so a refused
-        attempt (a client retrying under overload) costs the CPU next to nothing. `submit`
-        checks again: the queue may have filled meanwhile."""
+        request may wait, a place in the retry line not yet due): the service asks before
+        rendering and tokenizing, so a refused attempt (a client retrying under overload)
+        costs the CPU next to nothing. `submit` checks again (the queue may have filled
+        meanwhile) and only then gives the request's place up."""
         with self._condition:
-            self._refuse_unless_room()
+            self._refuse_unless_room(retry_token, claim=False)
 
     def submit(
         self,
@@ -153,17 +178,19 @@ class Scheduler:
         *,
         cost: Price | None = None,
         boundaries: Sequence[Sequence[int]] = (),
+        retry_token: str | None = None,
     ) -> _Job:
         """Queue a scoring request (already validated); a full queue or more work ahead than
         it may wait is a retryable 503. `cost` is the request's price if the caller already
         asked the layout for it (the service does, for the request budget); `boundaries`
-        per prompt, where the engine may keep checkpoints (LlamaEngine.score)."""
+        per prompt, where the engine may keep checkpoints (LlamaEngine.score);
+        `retry_token` the place in the retry line an earlier refusal gave its client."""
         if cost is None:
             cost = price(prompts, continuations, stream_cells=self.engine.stream_cells)
         cuts = boundaries or [()] * len(prompts)
         job = _Job(prompts, continuations, cost, cuts, deadline, time.monotonic(), cancel)
         with self._condition:
-            self._refuse_unless_room()
+            self._refuse_unless_room(retry_token, claim=True)
             self._queue.append(job)
             rows = cost.charge()
             self._request_rows = (
@@ -184,28 +211,33 @@ class Scheduler:
     ) -> _ChatJob:
         job = _ChatJob(prompt, max_new_tokens, sampling, stop, deadline, cancel)
         with self._condition:
-            self._make_room(self.waiting)
+            self._make_room(self.waiting, None, place=False)
             self._chats.append(job)
             self._condition.notify()
         return job
 
-    def _refuse_unless_room(self) -> None:
-        """A scoring request's room: the queue's, then the time it would wait (under the lock)."""
-        self._make_room(self.waiting)
-        self._refuse_if_overloaded()
+    def _refuse_unless_room(self, retry_token: str | None, *, claim: bool) -> None:
+        """A scoring request's room: the queue's, then the time it would wait and the retry
+        line's (under the lock)."""
+        self._make_room(self.waiting, retry_token, place=True)
+        self._refuse_if_overloaded(retry_token, claim=claim)
 
-    def _make_room(self, waiting: int) -> None:
+    def _make_room(self, waiting: int, retry_token: str | None, *, place: bool) -> None:
         """Whether the queue has room. Who may enter at all (loading, unhealthy, stopping)
         is decided once, by adapter.runtime's admission; the queue only refuses what it
-        cannot hold, and after `close` (a request admitted just before shutdown) nothing."""
+        cannot hold, and after `close` (a request admitted just before shutdown) nothing.
+        A refused scoring request gets (or keeps) a place in the retry line; a chat request
+        (`place` False) only a Retry-After: chat clients bring no token back."""
         if self._closed:
             raise shutting_down()
         if waiting >= self.max_queue:
-            raise UnavailableError(
+            drain = self._drain_seconds(waiting)
+            raise _busy(
                 f"busy: {waiting} requests are queued (SEMIF_MAX_QUEUE={self.max_queue})",
-                retryable=True,
-                retry_after=self._schedule_retry(self._drain_seconds(waiting)),
-                cause="queue_full",
+                self._refuse(drain, retry_token)
+                if place
+                else Refusal(self._line.told(drain), None),
+                "queue_full",
             )
 
     def seconds_for(self, price: Price) -> float | None:
@@ -214,28 +246,53 @@ class Scheduler:
         per_row = self._row_seconds
         return None if per_row is None else price.charge() * per_row
 
-    def _refuse_if_overloaded(self) -> None:
+    def _refuse_if_overloaded(self, retry_token: str | None, *, claim: bool) -> None:
         """Refuse at once, not after the wait: when the work queued ahead, at the speed of
         recent passes, already takes longer than SEMIF_QUEUE_TIMEOUT_S, a request admitted
-        now would only wait to be refused. The caller retries after the excess (its
-        client's retries do the waiting, without holding a place in the queue). With prefix
-        reuse requests take turns pass by pass, so a newcomer waits for the next pass of each
-        request ahead, not for all of a long one; without, a request keeps its passes."""
+        now would only wait to be refused, and a newcomer whose work would push a refused
+        client past that limit when its place falls due would take that client's turn. The
+        caller retries when told (its client's retries do the waiting, without holding a
+        place in the queue). With prefix reuse requests take turns pass by pass, so a
+        newcomer waits for the next pass of each request ahead, not for all of a long one;
+        without, a request keeps its passes."""
         if self._row_seconds is None:
             return
-        ahead = sum(self._ahead(job) for job in self._queue)
-        wait = ahead * self._row_seconds
-        if wait > self.queue_timeout_seconds:
-            raise UnavailableError(
-                f"busy: about {wait:.0f} s of work is queued ahead, more than a request may "
-                f"wait (SEMIF_QUEUE_TIMEOUT_S={self.queue_timeout_seconds:g})",
-                retryable=True,
-                retry_after=self._schedule_retry(wait - self.queue_timeout_seconds),
-                cause="overloaded",
-            )
+        now = time.monotonic()
+        wait = self._wait_seconds(now, self._row_seconds)
+        limit = self.queue_timeout_seconds
+        refusal = self._line.enter(
+            now,
+            retry_token,
+            ahead_s=wait,
+            request_s=self._request_seconds(),
+            limit_s=limit,
+            claim=claim,
+        )
+        if refusal is None:
+            return
+        reason = (
+            f"about {wait:.0f} s of work is queued ahead, more than a request may wait "
+            f"(SEMIF_QUEUE_TIMEOUT_S={limit:g})"
+            if wait > limit
+            else "clients refused earlier are due first"
+        )
+        raise _busy(f"busy: {reason}", refusal, "overloaded")
+
+    def _wait_seconds(self, now: float, row_seconds: float) -> float:
+        """Seconds of queued work a request arriving now waits for, at the measured speed:
+        each request ahead's share (`_ahead`), except a request that will reach its queue
+        timeout before its turn comes. That one is dropped, not run (a server flooded before
+        its first pass measured the speed holds minutes of such work), and counting it would
+        send the refused away for minutes while the queue empties in seconds."""
+        seconds = 0.0
+        for job in self._queue:
+            if job.started is None and now + seconds > job.enqueued + self.queue_timeout_seconds:
+                continue
+            seconds += self._ahead(job) * row_seconds
+        return seconds
 
     def _ahead(self, job: _Job) -> int:
-        """The work of `job` a request arriving now waits for (see _refuse_if_overloaded)."""
+        """The rows of `job` a request arriving now waits for (see _refuse_if_overloaded)."""
         if not self.engine.prefix_reuse:
             return job.price.charge(job.done)
         return job.price.next_pass(job.done, self.pass_rows, self.engine.max_branches)
@@ -244,18 +301,22 @@ class Scheduler:
         """Seconds until the queue has likely drained by a batch's worth."""
         return waiting / max(self.max_batch_requests, 1) * self._pass_seconds
 
-    def _schedule_retry(self, earliest: float) -> int:
-        """A refusal's Retry-After (under the lock): no sooner than `earliest` seconds from
-        now, and a request's worth of work (at the measured speed) after the retry handed
-        out last, so the refused return one by one as room frees, in the order they were
-        refused. Told the same second, they would return together and all but one be refused
+    def _request_seconds(self) -> float:
+        """A typical request's work at the measured speed (0 until a pass measured it)."""
+        return (self._request_rows or 0.0) * (self._row_seconds or 0.0)
+
+    def _refuse(self, earliest: float, retry_token: str | None = None) -> Refusal:
+        """A place in the retry line (under the lock): the one `retry_token` holds, else a
+        new one no sooner than `earliest` seconds from now, a request's work after the last.
+        Told the same second, the refused would return together and all but one be refused
         again: each refusal costs the cores a little, and under overload they add up to
-        decisions not made (figure 6a). At most MAX_RETRY_AFTER_S."""
-        now = time.monotonic()
-        spacing = (self._request_rows or 0.0) * (self._row_seconds or 0.0)
-        at = max(now + earliest, self._retry_at + spacing)
-        self._retry_at = min(at, now + MAX_RETRY_AFTER_S)
-        return max(1, math.ceil(self._retry_at - now))
+        decisions not made (figure 6a)."""
+        return self._line.refuse(
+            time.monotonic(),
+            earliest_s=earliest,
+            request_s=self._request_seconds(),
+            token=retry_token,
+        )
 
     def close(self, wait_seconds: float) -> bool:
         """Stop the worker (failing whatever waits with a retryable 503); False if a pass
@@ -323,12 +384,11 @@ class Scheduler:
             return True
         if job.started is None and now - job.enqueued > self.queue_timeout_seconds:
             job.future.set_exception(
-                UnavailableError(
+                _busy(
                     f"busy: waited {now - job.enqueued:.1f} s in the queue "
                     f"(SEMIF_QUEUE_TIMEOUT_S={self.queue_timeout_seconds:g})",
-                    retryable=True,
-                    retry_after=self._schedule_retry(self._drain_seconds(len(self._queue))),
-                    cause="queue_timeout",
+                    self._refuse(self._drain_seconds(len(self._queue))),
+                    "queue_timeout",
                 )
             )
             return True
@@ -363,6 +423,8 @@ class Scheduler:
                     job.future.set_exception(failure)
             return
         seconds = time.monotonic() - started
+        if self._on_pass is not None:
+            self._on_pass(len(batch), len(prompts), timing)
         self._pass_seconds = 0.8 * self._pass_seconds + 0.2 * seconds
         priced = sum(job.price.charge(start) - job.price.charge(end) for job, start, end in batch)
         priced = max(priced, 1)
@@ -512,3 +574,14 @@ class Scheduler:
         if generation is not None:
             generation[0].future.set_exception(stopping)
             generation[1].close()
+
+
+def _busy(message: str, refusal: Refusal, cause: UnavailableCause) -> UnavailableError:
+    """The retryable 503 of a refusal: when to come back, and the place's token."""
+    return UnavailableError(
+        message,
+        retryable=True,
+        retry_after=refusal.retry_after,
+        retry_token=refusal.token,
+        cause=cause,
+    )

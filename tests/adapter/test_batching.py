@@ -196,7 +196,7 @@ def test_an_overloaded_queue_refuses_before_the_prompt_is_rendered(
         rendered.append(1)
         return real_render(*args)
 
-    def overloaded() -> None:
+    def overloaded(retry_token: str | None, *, claim: bool) -> None:
         raise UnavailableError("busy", retryable=True, cause="overloaded")
 
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from starlette.testclient import TestClient
 from adapter import runtime as runtime_module
 from adapter.app import create_app
 from adapter.core.failures import NativeFailureError
+from adapter.http import CUSTOM_ATTRIBUTES_HEADER, RETRY_TOKEN_ATTRIBUTE
 from adapter.model_files import calibration_summary
 from adapter.prompts import PROMPT_VERSION
 from adapter.readout import softmax
@@ -216,7 +218,9 @@ def _gate_scoring(runtime: Runtime, gate: threading.Event) -> threading.Event:
 
 def test_a_full_queue_is_503_retryable_with_retry_after(tiny_model_dir: Path) -> None:
     """With SEMIF_MAX_QUEUE=1 and one request held in its pass, the queue is full: the next
-    request is refused at once with a retryable 503 whose hint is in the header and body."""
+    request is refused at once with a retryable 503 whose hint is in the header and body,
+    with a place in the retry line that its retry keeps by sending the token back (in the
+    header SageMaker forwards CustomAttributes as, beside other attributes)."""
     settings = Settings(model_dir=tiny_model_dir, max_tokens=1024, threads=2, max_queue=1)
     with serving(settings) as client:
         runtime = runtime_of(client)
@@ -232,6 +236,9 @@ def test_a_full_queue_is_503_retryable_with_retry_after(tiny_model_dir: Path) ->
             assert entered.wait(10)
             assert runtime.service.scheduler.waiting == 1
             busy = post(client, {"decision": decision()})
+            token = busy.json()["retry_token"]
+            attributes = f"trace=7; {RETRY_TOKEN_ATTRIBUTE}={token}"
+            again = post(client, {"decision": decision()}, **{CUSTOM_ATTRIBUTES_HEADER: attributes})
             ping = client.get("/ping")  # the event loop stays free while the model works
         finally:
             gate.set()
@@ -245,10 +252,38 @@ def test_a_full_queue_is_503_retryable_with_retry_after(tiny_model_dir: Path) ->
     assert isinstance(body["retry_after_seconds"], int)
     assert 1 <= body["retry_after_seconds"] <= 30
     assert busy.headers["retry-after"] == str(body["retry_after_seconds"])
+    assert re.fullmatch(r"[A-Za-z0-9_-]{16}", token)
+    assert again.status_code == 503
+    assert again.json()["retry_token"] == token  # the same place, not a new one behind it
     assert ping.status_code == 200
     assert first["response"].status_code == 200
     assert after.status_code == 200
     assert runtime.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [f"{RETRY_TOKEN_ATTRIBUTE}=", f"{RETRY_TOKEN_ATTRIBUTE}=a b", "semif-retry-token=" + "x" * 65],
+)
+def test_a_malformed_retry_token_is_400_naming_the_header(
+    tiny_client: TestClient, attributes: str
+) -> None:
+    response = post(tiny_client, {"decision": decision()}, **{CUSTOM_ATTRIBUTES_HEADER: attributes})
+    assert response.status_code == 400
+    assert response.json()["field"] == f"headers.{CUSTOM_ATTRIBUTES_HEADER}"
+    assert RETRY_TOKEN_ATTRIBUTE in response.json()["error"]
+
+
+def test_other_custom_attributes_and_an_unknown_token_are_a_newcomers_request(
+    tiny_client: TestClient,
+) -> None:
+    """A token the line does not hold (forgotten, or from another instance) is no error:
+    the request is a newcomer's, and is served when there is room."""
+    for attributes in ("trace=7", f"trace=7,{RETRY_TOKEN_ATTRIBUTE}=unknown-place"):
+        response = post(
+            tiny_client, {"decision": decision()}, **{CUSTOM_ATTRIBUTES_HEADER: attributes}
+        )
+        assert response.status_code == 200
 
 
 def test_invalid_request_never_enters_the_queue(tiny_model_dir: Path) -> None:

@@ -382,6 +382,85 @@ def test_9_overload_is_refused_at_arrival_not_after_the_wait(
         assert scheduler.close(10)
 
 
+def test_9b_a_refused_client_back_with_its_token_enters_ahead_of_a_newcomer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Room for one more request opens: the client refused earlier, back when told with its
+    retry token, takes it; a newcomer arriving at the same moment is refused (it would have
+    pushed the refused client past the queue timeout) and gets a place behind."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=True, queue_timeout=5.0)
+    clock = engine.clock
+    try:
+        first = scheduler.submit([_prompt(0, 100)], [()], clock.monotonic() + 1000, Cancellation())
+        engine.release.set()
+        first.future.result(10)
+        engine.release.clear()
+        engine.entered.clear()
+        admitted = [
+            scheduler.submit([_prompt(i, 100)], [()], clock.monotonic() + 1000, Cancellation())
+            for i in range(1, 7)
+        ]
+        with pytest.raises(UnavailableError) as refused:
+            scheduler.submit([_prompt(7, 100)], [()], clock.monotonic() + 1000, Cancellation())
+        token = refused.value.extra["retry_token"]
+        assert refused.value.retry_after == 1
+        clock.advance(1.0)  # its place is due; the passes ran faster meanwhile:
+        monkeypatch.setattr(scheduler, "_row_seconds", 0.008)  # 600 rows ahead = 4.8 s
+        with pytest.raises(UnavailableError) as newcomer:
+            scheduler.check_room()
+        assert "clients refused earlier are due first" in str(newcomer.value)
+        assert newcomer.value.extra["retry_token"] != token
+        scheduler.check_room(token)  # a check before rendering keeps the place ...
+        admitted.append(
+            scheduler.submit(
+                [_prompt(7, 100)],
+                [()],
+                clock.monotonic() + 1000,
+                Cancellation(),
+                retry_token=token,
+            )
+        )
+        with pytest.raises(UnavailableError) as claimed:  # ... the entry gives it up
+            scheduler.check_room(token)
+        assert claimed.value.extra["retry_token"] != token
+        engine.release.set()
+        for job in admitted:
+            job.future.result(10)
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)
+
+
+def test_9c_work_that_will_time_out_before_its_turn_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five 1 s requests queued at once behind a held pass, 5 s queue timeout: 4.5 s later
+    only the first of them can still start in time; the rest will be dropped at their queue
+    timeout, so a newcomer is not refused for their work."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=True, queue_timeout=5.0)
+    clock = engine.clock
+    try:
+        first = scheduler.submit([_prompt(0, 100)], [()], clock.monotonic() + 1000, Cancellation())
+        engine.release.set()
+        first.future.result(10)
+        engine.release.clear()
+        engine.entered.clear()
+        queued = [
+            scheduler.submit([_prompt(i, 100)], [()], clock.monotonic() + 1000, Cancellation())
+            for i in range(1, 6)
+        ]
+        assert scheduler._wait_seconds(clock.monotonic(), 0.01) == pytest.approx(5.0)
+        clock.advance(4.5)
+        assert scheduler._wait_seconds(clock.monotonic(), 0.01) == pytest.approx(1.0)
+        scheduler.check_room()  # 1 s ahead, not 5: admitted
+        engine.release.set()
+        for job in queued:
+            job.future.exception(10)  # answered or dropped at its queue timeout
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)
+
+
 @pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "no-reuse"])
 def test_10_a_newcomer_behind_a_long_request_waits_for_its_next_pass_only(
     monkeypatch: pytest.MonkeyPatch, prefix_reuse: bool

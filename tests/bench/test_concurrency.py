@@ -39,7 +39,12 @@ from bench.concurrency import (
 from bench.local import serve_model
 from bench.peer_server import PeerBuildError, locked_pin
 from bench.workload import MAX_MANY, concurrent_decisions, many_questions
-from client.decision_client import BusyError, RetryPolicy, UnreachableError
+from client.decision_client import (
+    CUSTOM_ATTRIBUTES_HEADER,
+    BusyError,
+    RetryPolicy,
+    UnreachableError,
+)
 
 PLAN = Plan(
     levels=(1, 4, 16),
@@ -98,6 +103,31 @@ def test_a_refused_client_waits_its_retry_after_before_sending_again() -> None:
     assert [sample.reply.status for sample in samples] == [503, 200]
     assert samples[0].reply.retry_after == 1.0
     assert sent[1] - sent[0] >= 1.0
+
+
+def test_a_refused_client_brings_its_place_back_until_it_is_answered() -> None:
+    """As a raw HTTP application would: the session's next request carries the refusal's
+    retry token; an answer (or a refusal without a token) ends it."""
+    script = [
+        httpx.Response(503, headers={"retry-after": "0"}, json={"retry_token": "place-1"}),
+        httpx.Response(200, json={"timing": {}}),
+        httpx.Response(503, headers={"retry-after": "0"}, json={"error": "busy"}),
+        httpx.Response(200, json={"timing": {}}),
+    ]
+    brought: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        brought.append(request.headers.get(CUSTOM_ATTRIBUTES_HEADER))
+        return script[len(brought) - 1]
+
+    closed_loop(
+        "http://test",
+        concurrent_decisions(4, series=0, events=1),
+        1,
+        send_decision,
+        transport=httpx.MockTransport(handler),
+    )
+    assert brought == [None, "semif-retry-token=place-1", None, None]
 
 
 def test_a_request_without_an_answer_is_status_zero() -> None:
@@ -167,6 +197,7 @@ def test_a_level_says_how_fast_refusals_came_and_how_evenly_clients_were_served(
     ]
     level = summarize_level(3, samples)
     assert level.ok_per_client == (0, 2)  # client 2 got nothing, client 0 two answers
+    assert level.clients_answered == 2
     assert level.refusal_seconds is not None
     assert level.refusal_seconds["max"] == pytest.approx(0.15)  # 503s only, not the timeout
     assert summarize_level(1, [sample(0.0, 1.0)]).refusal_seconds is None
@@ -351,7 +382,7 @@ class ScriptedTransport:
         self.script = list(script)
         self.closed = False
 
-    def post(self, body: bytes) -> object:
+    def post(self, body: bytes, retry_token: str | None = None) -> object:
         assert "decision" in json.loads(body)
         answer = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(answer, Exception):
@@ -486,7 +517,7 @@ def test_head_of_line_is_read_in_passes_of_the_long_request() -> None:
 
 
 class Clocked(ScriptedTransport):
-    def post(self, body: bytes) -> object:
+    def post(self, body: bytes, retry_token: str | None = None) -> object:
         self.sent = time.perf_counter()
         return super().post(body)
 

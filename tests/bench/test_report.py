@@ -34,6 +34,7 @@ FIGURES = (
     "peak_memory",
     "peer",
     "concurrency_goodput_c8",
+    "concurrency_fairness_c8",
     "concurrency_vs_limit",
     "concurrency_vs_serial",
     "concurrency_client_goodput_c8",
@@ -207,6 +208,8 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     assert goodput["non_200"] == 0
     assert goodput["refusal_seconds"] is None
     assert goodput["ok_per_client_min_max"][0] >= 1
+    fairness = report["figures"]["concurrency_fairness_c8"]
+    assert (fairness["measured"], fairness["reference"]) == (8, 8)
     assert goodput["needs_decisions_per_second"] == 8 / goodput["queue_timeout_seconds"]
     assert goodput["limit_decisions_per_second"] > 0
     assert goodput["ok_past_invocation_limit"] == 0

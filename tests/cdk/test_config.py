@@ -9,8 +9,14 @@ from typing import Any
 import pytest
 
 from adapter.prompts import PROMPT_VERSION
-from cdk_constructs.endpoint_operations import Autoscaling
-from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
+from cdk_constructs.endpoint_operations import Autoscaling, DecisionSignalThresholds
+from cdk_constructs.sagemaker_endpoint import (
+    CpuPlacement,
+    GpuPlacement,
+    Observability,
+    PrefixAwareRouting,
+)
+from cdk_constructs.validation import PropsError
 from model_build.calibration import load_calibration
 from model_build.manifest import calibration_sha256
 from stacks.config import (
@@ -335,3 +341,42 @@ def test_model_source_takes_a_calibration_file_by_repository_path() -> None:
 def test_a_bad_or_stale_calibration_file_is_refused(path: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{message}"):
         dataclasses.replace(SMOLLM2_135M, calibration=path)
+
+
+def test_prefix_aware_routing_needs_two_instances_and_follows_the_batch() -> None:
+    one = Autoscaling(min_capacity=1, max_capacity=1)
+    with pytest.raises(ConfigError, match="routing by prefix needs two or more instances"):
+        DecisionEndpointSettings(
+            placement=gpu(), gpu_layers=-1, autoscaling=one, prefix_aware_routing=True
+        )
+    alone = DecisionEndpointSettings(placement=gpu(), gpu_layers=-1, autoscaling=one)
+    assert alone.routing is None  # off: nothing to refuse
+    routing = _decision(prefix_aware_routing=True, max_batch_requests=12).routing
+    assert routing == PrefixAwareRouting(prefix_length_bytes=1024, concurrency_threshold=12)
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        (lambda: Observability(publish_frequency_seconds=45), "45 is not one of"),
+        (
+            lambda: DecisionSignalThresholds(max_unavailable_percent=0),
+            "max_unavailable_percent: 0 is outside",
+        ),
+        (
+            lambda: DecisionSignalThresholds(min_median_allowed_token_mass=1.0),
+            "min_median_allowed_token_mass: 1.0 is outside",
+        ),
+        (
+            lambda: PrefixAwareRouting(prefix_length_bytes=512, concurrency_threshold=4),
+            "prefix_length_bytes: 512 is outside 1024..65536",
+        ),
+        (
+            lambda: PrefixAwareRouting(prefix_length_bytes=2048, concurrency_threshold=0),
+            "concurrency_threshold: 0 is outside 1..1024",
+        ),
+    ],
+)
+def test_metrics_and_routing_props_take_only_what_sagemaker_takes(props: Any, message: str) -> None:
+    with pytest.raises(PropsError, match=message):
+        props()

@@ -172,6 +172,34 @@ def test_cpu_endpoint_config_uses_one_fixed_instance(synth: Synth) -> None:
     )
 
 
+@pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
+def test_decision_config_turns_detailed_observability_on(synth: Synth, env: str) -> None:
+    """SageMaker scrapes the adapter's /metrics (its default path for a BYO container) and
+    publishes it at the configured frequency; routing by prefix only where enabled (prod)."""
+    settings = ENVIRONMENTS[env].decision
+    routing = (
+        {
+            "RoutingStrategy": "PREFIX_AWARE",
+            "PrefixAwareRoutingConfig": {
+                "PrefixLength": 1024,
+                "ConcurrencyThreshold": settings.max_batch_requests,
+            },
+        }
+        if env == "prod"
+        else Match.absent()
+    )
+    synth.template(env, "decision").has_resource_properties(
+        "AWS::SageMaker::EndpointConfig",
+        {
+            "MetricsConfig": {
+                "EnableDetailedObservability": True,
+                "MetricPublishFrequencyInSeconds": settings.metrics.publish_frequency_seconds,
+            },
+            "ProductionVariants": [Match.object_like({"RoutingConfig": routing})],
+        },
+    )
+
+
 def test_gpu_endpoint_config_uses_ordered_instance_pools_and_the_cuda_ami(synth: Synth) -> None:
     placement = ENVIRONMENTS["gpu"].decision.placement
     assert isinstance(placement, GpuPlacement)
@@ -332,7 +360,42 @@ def test_decision_autoscaling_tracks_concurrency_below_one_batch(synth: Synth, e
 
 
 def _alarms(raw: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [alarm["Properties"] for _, alarm in resources(raw, "AWS::CloudWatch::Alarm")]
+    """The metric alarms (the PromQL ones on the container's metrics are `_promql`'s)."""
+    return [
+        alarm["Properties"]
+        for _, alarm in resources(raw, "AWS::CloudWatch::Alarm")
+        if "EvaluationCriteria" not in alarm["Properties"]
+    ]
+
+
+def _promql(raw: Mapping[str, Any]) -> list[str]:
+    return [
+        alarm["Properties"]["EvaluationCriteria"]["PromQLCriteria"]["Query"]
+        for _, alarm in resources(raw, "AWS::CloudWatch::Alarm")
+        if "EvaluationCriteria" in alarm["Properties"]
+    ]
+
+
+@pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
+def test_decision_signal_alarms_read_the_containers_metrics(synth: Synth, env: str) -> None:
+    """The 503 share and the median letter mass, from the adapter's /metrics as SageMaker
+    publishes them (labelled with the endpoint's name), notifying the topic both ways."""
+    name = endpoint_name(ENVIRONMENTS[env], EndpointKind.DECISION)
+    thresholds = ENVIRONMENTS[env].decision.signal_alarms
+    raw = synth.raw(env, "decision")
+    unavailable, mass = sorted(_promql(raw), key=lambda query: "histogram" in query)
+    where = f'{{"aws.sagemaker.endpoint.name"="{name}"}}'
+    assert unavailable == (
+        f"sum(rate(semif_unavailable_total{where}[10m])) / "
+        f"sum(rate(semif_requests_total{where}[10m])) > "
+        f"{thresholds.max_unavailable_percent / 100:g}"
+    )
+    assert mass.startswith("histogram_quantile(0.5, sum by (le) (rate(semif_allowed_token_mass")
+    assert mass.endswith(f"< {thresholds.min_median_allowed_token_mass:g}")
+    for _, alarm in resources(raw, "AWS::CloudWatch::Alarm"):
+        if "EvaluationCriteria" in alarm["Properties"]:
+            assert alarm["Properties"]["AlarmActions"] == alarm["Properties"]["OKActions"]
+            assert len(alarm["Properties"]["AlarmActions"]) == 1
 
 
 def _metric_names(alarm: dict[str, Any]) -> set[str]:
@@ -381,9 +444,7 @@ def test_decision_alarms_cover_5xx_latency_and_instance_health(synth: Synth) -> 
             "Threshold": thresholds.five_xx_rate_percent,
         },
     )
-    template.all_resources_properties(
-        "AWS::CloudWatch::Alarm", {"TreatMissingData": "notBreaching"}
-    )
+    assert all(alarm["TreatMissingData"] == "notBreaching" for alarm in alarms)
 
 
 def test_gpu_alarms_repeat_per_pool_instance_type(synth: Synth) -> None:
@@ -391,7 +452,7 @@ def test_gpu_alarms_repeat_per_pool_instance_type(synth: Synth) -> None:
     assert isinstance(placement, GpuPlacement)
     template = synth.template("gpu", "decision")
     # 5XX, latency, memory, disk and GPU memory, variant-wide and per pool type.
-    template.resource_count_is("AWS::CloudWatch::Alarm", 5 * (1 + len(placement.instance_pools)))
+    assert len(_alarms(template.to_json())) == 5 * (1 + len(placement.instance_pools))
     latency = template.find_resources(
         "AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "ModelLatency"}}
     )

@@ -54,17 +54,22 @@ def aws_error(status: int, code: str, message: str) -> Answer:
 
 class ScriptedServer:
     """Answers POSTs with `script` in order, repeating the last answer once it runs out;
-    `paths` records every POST, `on_request` runs before each answer (a test advances its
-    fake clock there to stand for the time an attempt takes)."""
+    `paths` records every POST (`attributes` its CustomAttributes header), `on_request`
+    runs before each answer (a test advances its fake clock there to stand for the time an
+    attempt takes)."""
 
     def __init__(self, script: list[Answer]) -> None:
         self.script = list(script)
         self.paths: list[str] = []
+        self.attributes: list[str | None] = []
+        self.prefix_ids: list[str | None] = []  # X-Amzn-SageMaker-Prefix-Aware-Id
         self.on_request: Callable[[], None] | None = None
         self.url = ""
 
-    def next_answer(self, path: str) -> Answer:
+    def next_answer(self, path: str, attributes: str | None, prefix_id: str | None) -> Answer:
         self.paths.append(path)
+        self.attributes.append(attributes)
+        self.prefix_ids.append(prefix_id)
         if self.on_request is not None:
             self.on_request()
         return self.script.pop(0) if len(self.script) > 1 else self.script[0]
@@ -77,7 +82,11 @@ def scripted_server(*script: Answer) -> Iterator[ScriptedServer]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
-            answer = scripted.next_answer(self.path)
+            answer = scripted.next_answer(
+                self.path,
+                self.headers.get("x-amzn-sagemaker-custom-attributes"),
+                self.headers.get("x-amzn-sagemaker-prefix-aware-id"),
+            )
             payload = json.dumps(answer.body).encode()
             self.send_response(answer.status)
             for name, value in {"content-type": "application/json", **answer.headers}.items():

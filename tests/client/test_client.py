@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from botocore.stub import Stubber
 
 from adapter.app import create_app
+from adapter.core.retry_line import Refusal
 from adapter.settings import Settings
 from client.cli import main
 from client.decision_client import (
@@ -150,35 +152,63 @@ def test_unreachable_server_is_a_typed_error() -> None:
 # -- retry policy -------------------------------------------------------------------------
 
 
-def test_the_servers_retry_after_is_waited_plus_jitter(
+def waiting(sleeps: list[float]) -> Callable[[float], None]:
+    """A client's sleep that records each wait and waits it: a retry that brings its place
+    back before the place is due is told to wait again (see `draining`)."""
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        time.sleep(seconds)
+
+    return sleep
+
+
+@pytest.fixture
+def draining(server: BusyFirst, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue BusyFirst shows as full drains at once: places in the retry line fall due
+    about a second apart, so a test of retries waits seconds, not the drain of 256."""
+    service = server.runtime.service
+    assert service is not None
+    monkeypatch.setattr(service.scheduler, "_drain_seconds", lambda waiting: 0.0)
+
+
+@pytest.mark.usefixtures("draining")
+def test_the_servers_retry_after_is_waited_plus_jitter_and_its_token_sent_back(
     server: BusyFirst, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The real server's busy 503 carries its Retry-After (each refusal its own time, never
-    earlier than the one before); backoff without a hint, the budget and the other hints are
-    in test_retry.py."""
+    """The real server's busy 503 carries its Retry-After and a place in its retry line:
+    the client waits the hint plus jitter and sends the token back with the retry, which
+    keeps the place (the same token, never an earlier time); backoff without a hint, the
+    budget and the other hints are in test_retry.py."""
     service = server.runtime.service
     assert service is not None
     scheduler = service.scheduler
-    told: list[int] = []
-    schedule = scheduler._schedule_retry
+    given: list[Refusal] = []
+    brought: list[str | None] = []
+    refuse = scheduler._refuse
 
-    def spy(earliest: float) -> int:
-        told.append(schedule(earliest))
-        return told[-1]
+    def spy(earliest: float, retry_token: str | None = None) -> Refusal:
+        brought.append(retry_token)
+        given.append(refuse(earliest, retry_token))
+        return given[-1]
 
-    monkeypatch.setattr(scheduler, "_schedule_retry", spy)
+    monkeypatch.setattr(scheduler, "_refuse", spy)
     sleeps: list[float] = []
     policy = RetryPolicy()
     client = DecisionClient(
-        HttpTransport(url), retry=policy, sleep=sleeps.append, rng=random.Random(3)
+        HttpTransport(url), retry=policy, sleep=waiting(sleeps), rng=random.Random(3)
     )
     server.busy = 3
     posts = server.posts
     assert client.decide(decision()).id == "support-route"
     assert server.posts == posts + 4
     draws = random.Random(3)
-    assert len(told) == 3
-    assert told == sorted(told)
+    assert len(given) == 3
+    first = given[0].token
+    assert first is not None
+    assert brought == [None, first, first]  # each retry brought the place back
+    assert [refusal.token for refusal in given] == [first] * 3  # and kept it
+    told = [refusal.retry_after for refusal in given]
     assert sleeps == [hint + policy.retry_after_jitter_s * draws.random() for hint in told]
 
 
@@ -236,10 +266,13 @@ def test_container_errors_reach_boto3_as_model_error(url: str) -> None:
     assert json.loads(response["OriginalMessage"])["error"] == "decision.id: is required"
 
 
+@pytest.mark.usefixtures("draining")
 def test_client_on_the_sagemaker_path(server: BusyFirst, url: str) -> None:
+    """Errors and busy answers through boto3's InvokeEndpoint: the retry token travels back
+    in CustomAttributes (the retries would otherwise be newcomers behind their own places)."""
     sleeps: list[float] = []
     client = DecisionClient.for_endpoint("semif-decision", runtime_client=runtime_client(url))
-    client = DecisionClient(client.transport, retry=FAST, sleep=sleeps.append)
+    client = DecisionClient(client.transport, retry=FAST, sleep=waiting(sleeps))
     assert client.decide(decision()).id == "support-route"
     with pytest.raises(EndpointError) as raised:
         client.decide({**decision(), "options": []})

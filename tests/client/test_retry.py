@@ -142,6 +142,29 @@ def test_retry_after_in_the_body_when_no_header_survives(fake: FakeTime, connect
     assert server.paths[0] == ("/endpoints/semif/invocations" if sagemaker else "/invocations")
 
 
+def test_a_retry_brings_back_the_place_its_refusal_gave(fake: FakeTime, connect: Connect) -> None:
+    """The refusal's retry_token goes back with the next attempt (a header to a URL,
+    CustomAttributes through InvokeEndpoint, which SageMaker forwards as that header); a
+    refusal without one, or with a malformed one, sends the next attempt without."""
+    answers = [busy(retry_token="place-1"), busy(retry_token="bad token!"), busy(), OK]
+    if connect is over_sagemaker:
+        answers = [model_error(answer) for answer in answers[:-1]] + [OK]
+    with scripted_server(*answers) as server:
+        assert connect(server, fake, RetryPolicy(), Draws(0.0)).invoke(REQUEST) == OK.body
+    assert server.attributes == [None, "semif-retry-token=place-1", None, None]
+
+
+def test_the_last_refusals_token_is_on_the_busy_error(fake: FakeTime) -> None:
+    policy = RetryPolicy(max_attempts=2)
+    with (
+        scripted_server(busy(retry_token="first"), busy(retry_token="second")) as server,
+        pytest.raises(BusyError) as raised,
+    ):
+        over_http(server, fake, policy, Draws(0.0)).invoke(REQUEST)
+    assert raised.value.retry_token == "second"
+    assert server.attributes == [None, "semif-retry-token=first"]
+
+
 def test_a_valid_header_wins_over_the_body_and_a_bad_one_yields_to_it(fake: FakeTime) -> None:
     header_and_body = busy(retry_after="2", retry_after_seconds=9)
     bad_header = busy(retry_after="soon", retry_after_seconds=5)
@@ -267,3 +290,16 @@ def test_sagemaker_busy_errors_are_retried_by_the_policy_alone(
 def test_runtime_client_and_endpoint_url_exclude_each_other() -> None:
     with pytest.raises(ValueError, match="not both"):
         DecisionClient.for_endpoint("semif", runtime_client=object(), endpoint_url="http://x")
+
+
+def test_the_client_speaks_the_servers_retry_token_contract() -> None:
+    """The client (which imports nothing of the adapter) names the header, the attribute
+    and the body field as the server does."""
+    from adapter import http
+    from adapter.errors import UnavailableError
+    from client import decision_client
+
+    assert decision_client.CUSTOM_ATTRIBUTES_HEADER == http.CUSTOM_ATTRIBUTES_HEADER
+    assert decision_client.RETRY_TOKEN_ATTRIBUTE == http.RETRY_TOKEN_ATTRIBUTE
+    refused = UnavailableError("busy", retryable=True, retry_token="abc")
+    assert decision_client.retry_token_of(refused.body()) == "abc"

@@ -119,7 +119,13 @@ def test_entry_point_script_runs_the_adapter(tmp_path: Path) -> None:
 def test_dockerfile_pins_every_pip_requirement(flavor: ImageFlavor) -> None:
     locked = locked_versions()
     pinned = re.findall(r'"([a-z0-9-]+)==([0-9.]+)"', dockerfile(flavor))
-    assert {name for name, _ in pinned} >= {"starlette", "uvicorn", "numpy", "jinja2"}
+    assert {name for name, _ in pinned} >= {
+        "starlette",
+        "uvicorn",
+        "numpy",
+        "jinja2",
+        "prometheus-client",
+    }
     for name, version in pinned:
         assert locked.get(name) == version, f"{name} differs from the lock (requirements/)"
     unpinned = re.findall(r'pip install[^&]*?"([a-z0-9-]+)(>=|<|~=)', dockerfile(flavor))
@@ -208,6 +214,19 @@ GOOD_SHARED = {
 }
 
 
+def test_metrics_check_needs_the_decision_calls_counted() -> None:
+    text = (
+        "# TYPE semif_requests_total counter\n"
+        'semif_requests_total{api="decision",status="200"} 2.0\n'
+        'semif_requests_total{api="decision",status="400"} 5.0\n'
+    )
+    assert image_smoke.check_metrics(text, calls=2) == 2.0
+    with pytest.raises(image_smoke.SmokeError, match="does not count the 3 decision calls"):
+        image_smoke.check_metrics(text, calls=3)
+    with pytest.raises(image_smoke.SmokeError, match="no semif_requests_total"):
+        image_smoke.check_metrics('semif_requests_total{api="chat",status="200"} 9.0\n', calls=1)
+
+
 def test_backend_check_requires_the_expected_backend() -> None:
     assert image_smoke.check_backends({"status": "ok", "backends": ["CPU", "CUDA"]}, "CUDA") == [
         "CPU",
@@ -275,6 +294,12 @@ def test_main_runs_the_image_like_sagemaker_and_cleans_up(
 
     monkeypatch.setattr(image_smoke, "docker", fake)
     monkeypatch.setattr(image_smoke, "request", request)
+
+    def scrape(url: str) -> str:
+        requests.append(url)
+        return 'semif_requests_total{api="decision",status="200"} 2.0\n'
+
+    monkeypatch.setattr(image_smoke, "scrape", scrape)
     monkeypatch.setattr(subprocess, "run", lambda args, **_: removed.append(list(args)))
     status = image_smoke.main(
         [
@@ -295,6 +320,7 @@ def test_main_runs_the_image_like_sagemaker_and_cleans_up(
     assert "127.0.0.1::8080" in run
     assert "--gpus" not in run
     assert requests[0] == "http://127.0.0.1:49153/ping"
+    assert (requests[-1] == "http://127.0.0.1:49153") == (code == 0)  # scraped once it served
     assert removed == [["docker", "rm", "--force", "c0ffee"]]
 
 
@@ -306,6 +332,7 @@ def test_smoke_checks_accept_the_real_adapter_answers(tiny_client: TestClient) -
     assert image_smoke.check_shared(shared) == ["smoke-queue", "smoke-urgent"]
     with pytest.raises(image_smoke.SmokeError, match="wrong results"):
         image_smoke.check_shared({"results": shared["results"][::-1], "timing": shared["timing"]})
+    assert image_smoke.check_metrics(tiny_client.get("/metrics").text, calls=2) >= 2
 
 
 @pytest.mark.parametrize(

@@ -74,8 +74,8 @@ class BusyFirst:
         scheduler = service.scheduler
         real_admit = scheduler._make_room
 
-        def admit(waiting: int) -> None:
-            real_admit(scheduler.max_queue if self._full else waiting)
+        def admit(waiting: int, retry_token: str | None, *, place: bool) -> None:
+            real_admit(scheduler.max_queue if self._full else waiting, retry_token, place=place)
 
         scheduler._make_room = admit  # type: ignore[method-assign]
         self._hooked = scheduler
