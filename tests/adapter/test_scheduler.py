@@ -294,6 +294,18 @@ def _fixed(
     return scheduler, engine
 
 
+def _measure_then_hold(scheduler: Scheduler, engine: FakeEngine) -> None:
+    """One 100-row pass measures the speed (100 rows a second); the next pass is held, so
+    what is submitted now waits behind it."""
+    first = scheduler.submit(
+        [_prompt(0, 100)], [()], engine.clock.monotonic() + 1000, Cancellation()
+    )
+    engine.release.set()
+    first.future.result(10)
+    engine.release.clear()
+    engine.entered.clear()
+
+
 def _prompt(index: int, rows: int) -> list[int]:
     """A prompt the scheduler charges `rows` rows: its tokens, MIN_ROWS, and its one
     whole-stream copy (one row for the fake engine's 256-cell streams)."""
@@ -346,11 +358,7 @@ def test_9_overload_is_refused_at_arrival_not_after_the_wait(
     scheduler, engine = _fixed(monkeypatch, prefix_reuse=True, queue_timeout=5.0)
     clock = engine.clock
     try:
-        first = scheduler.submit([_prompt(0, 100)], [()], clock.monotonic() + 1000, Cancellation())
-        engine.release.set()
-        first.future.result(10)
-        engine.release.clear()  # hold the next pass: what is submitted now waits
-        engine.entered.clear()
+        _measure_then_hold(scheduler, engine)
         admitted = []
         for index in range(1, 7):  # 0 to 5 s of work ahead: admitted
             admitted.append(
@@ -391,11 +399,7 @@ def test_9b_a_refused_client_back_with_its_token_enters_ahead_of_a_newcomer(
     scheduler, engine = _fixed(monkeypatch, prefix_reuse=True, queue_timeout=5.0)
     clock = engine.clock
     try:
-        first = scheduler.submit([_prompt(0, 100)], [()], clock.monotonic() + 1000, Cancellation())
-        engine.release.set()
-        first.future.result(10)
-        engine.release.clear()
-        engine.entered.clear()
+        _measure_then_hold(scheduler, engine)
         admitted = [
             scheduler.submit([_prompt(i, 100)], [()], clock.monotonic() + 1000, Cancellation())
             for i in range(1, 7)
@@ -440,11 +444,7 @@ def test_9c_work_that_will_time_out_before_its_turn_is_not_waited_for(
     scheduler, engine = _fixed(monkeypatch, prefix_reuse=True, queue_timeout=5.0)
     clock = engine.clock
     try:
-        first = scheduler.submit([_prompt(0, 100)], [()], clock.monotonic() + 1000, Cancellation())
-        engine.release.set()
-        first.future.result(10)
-        engine.release.clear()
-        engine.entered.clear()
+        _measure_then_hold(scheduler, engine)
         queued = [
             scheduler.submit([_prompt(i, 100)], [()], clock.monotonic() + 1000, Cancellation())
             for i in range(1, 6)
