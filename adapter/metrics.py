@@ -2,11 +2,12 @@
 
 For endpoint configurations with detailed observability (the default since June 2026),
 SageMaker scrapes a bring-your-own container's Prometheus metrics from `/metrics` on port
-8080 (`ContainerMetricsConfig` in the CDK app names the path) and publishes them to
-CloudWatch. The per-request log line says the same things one request at a time; these are
-their sums and distributions, so an operator can answer from a dashboard: how many requests
-and errors, how long they wait, how full the passes are, how much of each prompt came from
-a resident prefix, and whether the model still answers with the option letters.
+8080 (its default path, which CloudFormation's model resource cannot change) and publishes
+them to CloudWatch. The per-request log line says the same things one request at a time;
+these are their sums and distributions, so an operator can answer from a dashboard: how
+many requests and errors, how long they wait, how full the passes are, how much of each
+prompt came from a resident prefix, and whether the model still answers with the option
+letters.
 
 Conventions: names carry their unit (`_seconds`, `_tokens`), counters end in `_total` in the
 exposition, and every label has a small fixed set of values (an API name, a status code, a

@@ -246,6 +246,12 @@ ENDPOINT_LABEL = "aws.sagemaker.endpoint.name"
 SIGNAL_WINDOW = "10m"
 
 
+def endpoint_selector(endpoint_name: str, *matchers: str) -> str:
+    """The PromQL label selector of one endpoint's series, narrowed by `matchers`
+    (`'source="reused"'`)."""
+    return "{" + ",".join((f'"{ENDPOINT_LABEL}"="{endpoint_name}"', *matchers)) + "}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class DecisionSignalThresholds:
     """When the decision signals alarm, read from the adapter's own metrics (the container's
@@ -283,7 +289,7 @@ class DecisionSignalAlarms(Construct):
         topic: sns.ITopic,
     ) -> None:
         super().__init__(scope, construct_id)
-        where = f'{{"{ENDPOINT_LABEL}"="{endpoint_name}"}}'
+        where = endpoint_selector(endpoint_name)
         share = thresholds.max_unavailable_percent / 100
         unavailable = (
             f"sum(rate(semif_unavailable_total{where}[{SIGNAL_WINDOW}])) / "

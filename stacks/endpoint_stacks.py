@@ -19,6 +19,7 @@ from constructs import Construct
 from cdk_constructs.container_image import EcrImage
 from cdk_constructs.deploy_time_build import DeployTimeBuild
 from cdk_constructs.endpoint_check import EndpointCheck, Probe
+from cdk_constructs.endpoint_dashboard import DecisionDashboard
 from cdk_constructs.endpoint_operations import (
     DecisionSignalAlarms,
     EndpointAlarms,
@@ -35,7 +36,8 @@ from stacks.config import DecisionEndpointSettings, StandardEndpointSettings
 
 
 class DecisionEndpointStack(Stack):
-    """Build the adapter image (deploy time), then serve it by digest with scaling and alarms."""
+    """Build the adapter image (deploy time), then serve it by digest with scaling, alarms
+    and a dashboard."""
 
     def __init__(
         self,
@@ -95,12 +97,18 @@ class DecisionEndpointStack(Stack):
             settings=settings.autoscaling,
             target_concurrency=settings.target_concurrency,
         )
-        DecisionSignalAlarms(
+        signals = DecisionSignalAlarms(
             self,
             "Signals",
             endpoint_name=endpoint_name,
             thresholds=settings.signal_alarms,
             topic=alarm_topic,
+        )
+        DecisionDashboard(
+            self,
+            "Dashboard",
+            endpoint_name=endpoint_name,
+            alarms=[*alarms.alarms, *signals.alarms],
         )
         self.check = EndpointCheck(
             self,

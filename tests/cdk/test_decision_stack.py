@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -463,3 +465,79 @@ def test_gpu_alarms_repeat_per_pool_instance_type(synth: Synth) -> None:
         if dimension["Name"] == "InstanceType"
     }
     assert latency_types == set(placement.instance_pools)
+
+
+def _dashboard_body(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The decision stack's one dashboard, its body parsed with each token (an alarm's ARN,
+    the region) replaced by a placeholder, and the logical ids of the alarms it names."""
+    ((_, dashboard),) = resources(raw, "AWS::CloudWatch::Dashboard")
+    parts = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
+    named = [part["Fn::GetAtt"][0] for part in parts if "Fn::GetAtt" in part]
+    text = "".join(part if isinstance(part, str) else "TOKEN" for part in parts)
+    body: dict[str, Any] = json.loads(text)
+    return {**body, "name": dashboard["Properties"]["DashboardName"]}, named
+
+
+@pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
+def test_decision_dashboard_shows_the_endpoint_its_alarms_and_its_signals(
+    synth: Synth, env: str
+) -> None:
+    """Named like the endpoint; SageMaker's invocation, error, latency, instance and
+    concurrency metrics of this endpoint; every alarm of the stack; and the PromQL of the
+    container's queue, batch fill, prefix hit ratio and abstention rate for this endpoint."""
+    name = endpoint_name(ENVIRONMENTS[env], EndpointKind.DECISION)
+    raw = synth.raw(env, "decision")
+    body, named = _dashboard_body(raw)
+    assert body["name"] == name
+    graphed = {
+        metric[1]: metric[2:6]
+        for widget in body["widgets"]
+        if widget["type"] == "metric"
+        for metric in widget["properties"]["metrics"]
+    }
+    assert set(graphed) == {
+        "Invocations",
+        "Invocation4XXErrors",
+        "Invocation5XXErrors",
+        "ModelLatency",
+        "CPUUtilization",
+        "ConcurrentRequestsPerModel",
+    }
+    assert all(
+        dimensions == ["EndpointName", name, "VariantName", "AllTraffic"]
+        for dimensions in graphed.values()
+    )
+    alarms = {logical for logical, _ in resources(raw, "AWS::CloudWatch::Alarm")}
+    assert sorted(named) == sorted(alarms)
+    (text,) = (w["properties"]["markdown"] for w in body["widgets"] if w["type"] == "text")
+    queries = re.findall(r"`([^`]*semif_[^`]*)`", text)
+    assert len(queries) == 7
+    assert all(f'"aws.sagemaker.endpoint.name"="{name}"' in query for query in queries)
+    for needed in (
+        "semif_queue_depth",
+        "semif_pass_requests_sum",
+        'source="reused"',
+        "semif_abstentions_total",
+    ):
+        assert any(needed in query for query in queries), needed
+
+
+def test_dashboard_queries_name_the_adapters_metrics() -> None:
+    """Every series a dashboard query reads is one the adapter exposes (a renamed metric
+    would leave an empty query behind), and every query selects one endpoint."""
+    from adapter.metrics import Metrics
+    from cdk_constructs.endpoint_dashboard import container_queries
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    exposed = {
+        family.name + suffix
+        for family in Metrics().registry.collect()
+        for suffix in suffixes[family.type]
+    }
+    queries = container_queries("semif-x-decision")
+    read = {name for query in queries.values() for name in re.findall(r"semif_\w+", query)}
+    assert read - exposed == set()
+    assert all(
+        query.count('"aws.sagemaker.endpoint.name"="semif-x-decision"') == query.count("semif_")
+        for query in queries.values()
+    )

@@ -7,7 +7,7 @@ import json
 from aws_cdk.assertions import Match
 
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import Synth
+from tests.cdk.support import Synth, resources
 
 
 def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> None:
@@ -72,3 +72,8 @@ def test_standard_stack_waits_for_the_mirror(synth: Synth) -> None:
     manifest = json.loads((synth.outdir / "manifest.json").read_text())
     dependencies = manifest["artifacts"]["semif-dev-standard"]["dependencies"]
     assert "semif-dev-images" in dependencies
+
+
+def test_only_the_decision_endpoint_has_a_dashboard(synth: Synth) -> None:
+    """The standard endpoint serves the DLC's own metrics; the dashboard reads the adapter's."""
+    assert not list(resources(synth.raw("dev", "standard"), "AWS::CloudWatch::Dashboard"))
