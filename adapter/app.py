@@ -1,7 +1,9 @@
 """The Starlette app: SageMaker's /ping and /invocations, and the same APIs on their own paths.
 
 /invocations picks the API by the body's distinguishing field: `questions` (System One),
-`messages` (chat completion), else the decision API. The same APIs answer on their own
+`messages` (chat completion), else the decision API; a JSON Lines body (adapter.lines)
+holds one such request per line. `/execution-parameters` tells SageMaker batch transform
+how to send those. The same APIs answer on their own
 paths for local use (`/v1/systemone`, `/v1/chat/completions`, `/v1/models`, guarded by
 SEMIF_API_KEY when set), and `/endpoints/<name>/invocations` mimics the SageMaker runtime,
 so boto3's `invoke_endpoint` with `endpoint_url` runs unchanged against a local server.
@@ -26,13 +28,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from adapter import handlers
+from adapter import handlers, lines
 from adapter.errors import ApiError, UnavailableError
 from adapter.http import (
     Call,
     answer,
     as_sagemaker_runtime,
     authenticate,
+    content_type_of,
     error_response,
     json_response,
 )
@@ -73,6 +76,8 @@ def create_app(
     invocations_key = settings.api_key if settings.guard_invocations else None
 
     async def invocations(request: Request) -> Response:
+        if content_type_of(request) in lines.MEDIA_TYPES:
+            return await lines.answer_lines(request, runtime, api_key=invocations_key)
         return await answer(
             request,
             by_field,
@@ -107,6 +112,14 @@ def create_app(
             return error_response(error)
         model = {"id": runtime.service.model_id, "object": "model", "owned_by": "semif"}
         return json_response(200, {"object": "list", "data": [model]})
+
+    async def execution_parameters(request: Request) -> Response:
+        """SageMaker batch transform asks this before a job's first mini-batch."""
+        try:
+            authenticate(request, invocations_key)
+        except ApiError as error:
+            return error_response(error)
+        return json_response(200, lines.execution_parameters(settings.max_lines_bytes))
 
     async def metrics(request: Request) -> Response:
         """Prometheus metrics (adapter.metrics), answered without touching the engine.
@@ -159,6 +172,7 @@ def create_app(
             Route("/v1/chat/completions", guarded("chat"), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/execution-parameters", execution_parameters, methods=["GET"]),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},

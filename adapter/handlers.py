@@ -16,7 +16,7 @@ from adapter import chat, decisions, systemone
 from adapter.cancel import Cancellation
 from adapter.errors import RequestError
 from adapter.runtime import Runtime
-from adapter.schema import parse_decision_body
+from adapter.schema import DecisionRequest, parse_decision_body
 
 Result = tuple[dict[str, Any], dict[str, Any]]
 # (runtime, body, request id, the request's cancellation, the retry token it brought) ->
@@ -42,6 +42,17 @@ async def decide(
 ) -> Result:
     """The decision API: one decision, or a shared-state batch scored as branches."""
     request = parse_decision_body(body, runtime.settings.max_shared_decisions)
+    return await decide_parsed(runtime, request, request_id, cancel, retry_token)
+
+
+async def decide_parsed(
+    runtime: Runtime,
+    request: DecisionRequest,
+    request_id: str,
+    cancel: Cancellation,
+    retry_token: str | None,
+) -> Result:
+    """`decide` after validation (adapter.lines also scores decisions it merged by state)."""
     mode, asked = request.mode, request.decisions
     async with runtime.admit() as service:
         scored = await anyio.to_thread.run_sync(
@@ -67,6 +78,18 @@ async def answer_systemone(
 ) -> Result:
     """System One: every question about the state in one batched pass, format-exact answer."""
     request = systemone.parse_systemone(body, runtime.settings.max_shared_decisions)
+    return await answer_systemone_parsed(runtime, request, request_id, cancel, retry_token)
+
+
+async def answer_systemone_parsed(
+    runtime: Runtime,
+    request: systemone.SystemOneRequest,
+    request_id: str,
+    cancel: Cancellation,
+    retry_token: str | None,
+) -> Result:
+    """`answer_systemone` after validation."""
+    del request_id  # System One's response has no request id of its own
     async with runtime.admit() as service:
         response, batch = await anyio.to_thread.run_sync(
             lambda: systemone.answer(service, request, cancel, retry_token=retry_token)

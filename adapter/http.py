@@ -68,30 +68,51 @@ def error_response(error: ApiError, **headers: str) -> Response:
     return json_response(error.status, error.body(), **error.headers(), **headers)
 
 
+def content_type_of(request: Request) -> str:
+    """The request's media type, lower case, without parameters ("" when absent)."""
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
 async def read_json_body(request: Request, max_bytes: int, timeout_seconds: float = 30.0) -> Any:
     """Read and parse a JSON body, enforcing content type, size and time before parsing,
     then check every string, key and number (`check_json`)."""
-    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    content_type = content_type_of(request)
     if content_type != "application/json" and not content_type.endswith("+json"):
         raise UnsupportedMediaTypeError(
-            f"content type {content_type or 'missing'!r}: send application/json"
+            f"content type {content_type or 'missing'!r}: send application/json (or "
+            "application/jsonlines to /invocations, one request per line)"
         )
+    chunks: list[bytes] = []
+    await read_body(
+        request, chunks.append, max_bytes, timeout_seconds, limit_name="SEMIF_MAX_BODY_BYTES"
+    )
+    return parse_json(b"".join(chunks))
+
+
+async def read_body(
+    request: Request,
+    take: Callable[[bytes], None],
+    max_bytes: int,
+    timeout_seconds: float,
+    *,
+    limit_name: str,
+) -> None:
+    """Hand each chunk of the body to `take` as it arrives, within `max_bytes` (the setting
+    `limit_name`: a 413 as soon as the body announces or sends more) and `timeout_seconds`
+    for all of it (a 408); a client gone before the end is a 499."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLargeError(
-            f"body is {declared} bytes; the limit is {max_bytes} (SEMIF_MAX_BODY_BYTES)"
+            f"body is {declared} bytes; the limit is {max_bytes} ({limit_name})"
         )
-    chunks: list[bytes] = []
     size = 0
     try:
         with anyio.fail_after(timeout_seconds):
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > max_bytes:
-                    raise PayloadTooLargeError(
-                        f"body exceeds {max_bytes} bytes (SEMIF_MAX_BODY_BYTES)"
-                    )
-                chunks.append(chunk)
+                    raise PayloadTooLargeError(f"body exceeds {max_bytes} bytes ({limit_name})")
+                take(chunk)
     except TimeoutError:
         raise RequestTimeoutError(
             f"body did not arrive within {timeout_seconds:g} s (SEMIF_BODY_TIMEOUT_SECONDS; "
@@ -99,10 +120,13 @@ async def read_json_body(request: Request, max_bytes: int, timeout_seconds: floa
         ) from None
     except ClientDisconnect:
         raise ClientDisconnectedError(field="body") from None
+
+
+def parse_json(raw: bytes) -> Any:
+    """Parse one JSON document strictly (no NaN, no duplicate keys) and `check_json` it;
+    a body's or one JSON Lines line's (adapter.lines)."""
     try:
-        body = json.loads(
-            b"".join(chunks), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
-        )
+        body = json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except (ValueError, UnicodeDecodeError) as error:
         raise RequestError("body", f"invalid JSON ({_ascii(str(error))})") from None
     except RecursionError:

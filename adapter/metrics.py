@@ -35,8 +35,9 @@ from prometheus_client import (
     generate_latest,
 )
 
-# The APIs a call can be (label `api`); "unknown" when it failed before its body named one.
-APIS = ("decision", "systemone", "chat", "unknown")
+# The APIs a call can be (label `api`; "lines": a JSON Lines body, adapter.lines); "unknown"
+# when it failed before its body named one.
+APIS = ("decision", "systemone", "chat", "lines", "unknown")
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MASS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
@@ -102,6 +103,12 @@ class Metrics:
             "semif_questions",
             "Questions scored, by kind (choice, noul, score) and option-order mode",
             ["kind", "option_order"],
+            registry=registry,
+        )
+        self.lines = Counter(
+            "semif_lines",
+            "JSON Lines answered, by the status of each line's answer",
+            ["status"],
             registry=registry,
         )
         self.abstentions = Counter(

@@ -33,6 +33,7 @@ SAGEMAKER_STOP_GRACE_SECONDS = 30
 # The grace for in-flight work, plus serve's backstop (4 s) and the wait to free the model
 # (3 s), plus a second of margin, must end before SageMaker's SIGKILL.
 MAX_SHUTDOWN_GRACE_SECONDS = SAGEMAKER_STOP_GRACE_SECONDS - 8
+BATCH_TIMEOUT_S = 3600.0  # SageMaker's longest batch and async invocation
 _LIBLLAMA_NAMES = ("libllama.so", "libllama.dylib", "llama.dll")
 _Choice = TypeVar("_Choice", bound=str)
 
@@ -89,6 +90,11 @@ class Settings:
     # flash attention); false trades that for a little speed.
     exact_scoring: bool = True
     max_body_bytes: int = 1 << 20
+    # A JSON Lines body (adapter.lines): many requests, each line within max_body_bytes.
+    max_lines_bytes: int = 100 << 20
+    # Inside a SageMaker batch transform job (SAGEMAKER_BATCH): the deadline is then
+    # SEMIF_BATCH_TIMEOUT_S.
+    batch: bool = False
     llama_lib_path: Path | None = None
     prefix_reuse: bool = True
     max_chat_tokens: int = 512
@@ -261,13 +267,22 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         env, "SEMIF_QUEUE_TIMEOUT_S", Settings.queue_timeout_seconds, 0.1, 55.0
     )
     request_timeout = _seconds(
-        env, "SEMIF_REQUEST_TIMEOUT_S", Settings.request_timeout_seconds, 1.0, 3600.0
+        env, "SEMIF_REQUEST_TIMEOUT_S", Settings.request_timeout_seconds, 1.0, BATCH_TIMEOUT_S
     )
+    # A batch transform job runs the endpoint's model, SEMIF_REQUEST_TIMEOUT_S (sized for
+    # SageMaker's 60 s online limit) included, but waits up to its own invocation timeout
+    # (at most 3600 s) for a mini-batch: there SEMIF_BATCH_TIMEOUT_S is the deadline.
+    batch = _flag(env, "SAGEMAKER_BATCH", default=False)
+    if batch:
+        request_timeout = _seconds(
+            env, "SEMIF_BATCH_TIMEOUT_S", BATCH_TIMEOUT_S, 1.0, BATCH_TIMEOUT_S
+        )
     if request_timeout < queue_timeout:
         raise SettingsError(
             f"SEMIF_REQUEST_TIMEOUT_S={request_timeout:g} is below SEMIF_QUEUE_TIMEOUT_S="
             f"{queue_timeout:g}; the request deadline covers the queue wait"
         )
+    max_body_bytes = _required_int(env, "SEMIF_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)
     max_request_tokens = _required_int(
         env,
         "SEMIF_MAX_REQUEST_TOKENS",
@@ -293,7 +308,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         max_request_tokens=max_request_tokens,
         exact_scoring=_flag(env, "SEMIF_EXACT_SCORING", default=True),
-        max_body_bytes=_required_int(env, "SEMIF_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20),
+        max_body_bytes=max_body_bytes,
+        max_lines_bytes=_required_int(
+            env,
+            "SEMIF_MAX_LINES_BYTES",
+            max(Settings.max_lines_bytes, max_body_bytes),
+            max(1 << 20, max_body_bytes),
+            1 << 30,
+        ),
+        batch=batch,
         llama_lib_path=lib_path,
         prefix_reuse=_flag(env, "SEMIF_PREFIX_REUSE", default=True),
         # Chat output shares the KV cache with its prompt: at most SEMIF_MAX_TOKENS of each.

@@ -55,6 +55,7 @@ from bench.tasks import shared_body, single_body
 from bench.workload import account_state, concurrent_decisions, many_questions
 from client.decision_client import (
     CUSTOM_ATTRIBUTES_HEADER,
+    JSON,
     DecisionClient,
     EndpointError,
     HttpTransport,
@@ -401,9 +402,9 @@ class _CountingTransport:
         self.inner = inner
         self.attempts = 0
 
-    def post(self, body: bytes, retry_token: str | None = None) -> Any:
+    def post(self, body: bytes, retry_token: str | None = None, content_type: str = JSON) -> Any:
         self.attempts += 1
-        return self.inner.post(body, retry_token)
+        return self.inner.post(body, retry_token, content_type)
 
     def wait_until_ready(
         self, timeout_s: float, progress: Callable[[str], None] | None = None

@@ -13,6 +13,8 @@ engine and a server measured together would steal each other's cores). Each roun
 After the rounds, once, the concurrency phase (bench.concurrency): closed-loop clients at
 several levels against the limit of one batched engine call, the same server with batching
 off, and llama.cpp's own llama-server (built from the vendored sources, bench.peer_server).
+Last, the offline phase (bench.offline): `semif batch local` on a shuffled file against
+the same lines sent online and against an in-process limit.
 Each figure is a ratio with its goal; a MISS is reported, never an error exit.
 """
 
@@ -56,6 +58,7 @@ from bench.local import (
     serve_peer,
     weight_buffers_setting,
 )
+from bench.offline import OfflinePlan, OfflineRun, measure_offline
 from bench.peer_server import PeerBinary, cached_llama_server, llama_server
 from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
 from bench.tasks import shared_body, single_body
@@ -84,6 +87,7 @@ class Sizes:
     rounds: int
     repeats: int  # per round, of the shared request and of follow-up questions
     concurrency: Plan  # once, after the rounds
+    offline: OfflinePlan  # once, last
 
 
 FULL = Sizes(
@@ -102,6 +106,7 @@ FULL = Sizes(
         client_level=64,
         head_of_line_decisions=64,
     ),
+    offline=OfflinePlan(states=100, questions=10, state_events=5),
 )
 SMOKE = Sizes(
     singles=2,
@@ -119,6 +124,7 @@ SMOKE = Sizes(
         client_level=8,
         head_of_line_decisions=6,
     ),
+    offline=OfflinePlan(states=3, questions=3, state_events=2, online_clients=4),
 )
 
 
@@ -747,6 +753,41 @@ def concurrency_figures(run: ConcurrencyRun) -> list[Figure]:
     return figures
 
 
+def offline_figures(run: OfflineRun) -> list[Figure]:
+    """Figures 8a and 8b: `semif batch local` against the in-process limit of one batched
+    request per state, and against the same lines sent online, one decision a request;
+    both sides count answered decisions (an error line, a refused request, is none)."""
+    batch = run.batch_per_second
+    details = run.as_json()
+    failure = f"{run.batch_errors} lines answered with an error" if run.batch_errors else None
+    return [
+        Figure(
+            "offline_vs_limit",
+            f"8a Offline batch, {run.lines} lines ({run.plan.states} states)",
+            batch,
+            "semif batch local",
+            run.limit_per_second,
+            "in-process limit",
+            "decisions/s",
+            Goal(">=", 0.9),
+            details,
+            failure,
+        ),
+        Figure(
+            "offline_vs_online",
+            f"8b Offline batch vs online, {run.plan.online_clients} clients",
+            batch,
+            "semif batch local",
+            run.online_per_second,
+            "single online requests (answered)",
+            "decisions/s",
+            Goal(">=", 2.0),
+            {"online_non_200": run.online_non_200},
+            failure,
+        ),
+    ]
+
+
 def peer_binary(args: argparse.Namespace) -> tuple[PeerBinary | None, str | None]:
     """llama-server for the concurrency phase, or why it is skipped. A full run builds it
     (minutes, once per version); --smoke only uses one a full run left in the cache."""
@@ -781,6 +822,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only figures 6d and 6e (the project's client under overload, head-of-line wait)",
     )
+    parser.add_argument("--no-offline", action="store_true", help="skip the offline figures (8)")
+    parser.add_argument("--offline-only", action="store_true", help="only the offline figures (8)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     parser.add_argument(
         "--tiny-hybrid",
@@ -794,6 +837,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="no rounds: only the concurrency figures (6 and 7), on fresh servers",
     )
     args = parser.parse_args(argv)
+    if args.offline_only and (
+        args.no_offline or args.concurrency_only or args.overload_only or args.no_concurrency
+    ):
+        parser.error("--offline-only runs only the offline figures; drop the other flags")
+    if args.offline_only:
+        args.no_concurrency = True
     if args.concurrency_only and (args.no_concurrency or args.overload_only):
         parser.error("--concurrency-only runs every concurrency figure; drop the other flags")
     if args.tiny_hybrid and args.gguf:
@@ -872,7 +921,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         else peer_binary(args)
     )
     samples = Samples()
-    rounds_run = not (args.overload_only or args.concurrency_only)
+    rounds_run = not (args.overload_only or args.concurrency_only or args.offline_only)
     for index in range(sizes.rounds if rounds_run else 0):
         print(
             f"round {index + 1}/{sizes.rounds}: limit, serve, serve with reuse"
@@ -912,6 +961,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         figures += concurrency_figures(concurrency)
         report["concurrency"] = concurrency.as_json()
+    if not (args.no_offline or args.overload_only or args.concurrency_only):
+        offline = sizes.offline
+        print(
+            f"offline: {offline.states} states x {offline.questions} questions, in-process "
+            f"limit, semif batch local, online from {offline.online_clients} clients",
+            flush=True,
+        )
+        offline_run = measure_offline(
+            gguf,
+            offline,
+            log_dir=args.out,
+            threads=args.threads,
+            n_gpu_layers=args.n_gpu_layers,
+        )
+        figures += offline_figures(offline_run)
+        report["offline"] = offline_run.as_json()
     report["run"]["load_average_at_end"] = os.getloadavg()
     report["figures"] = {figure.key: figure.as_json() for figure in figures}
     report["samples"] = {

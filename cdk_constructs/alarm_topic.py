@@ -1,4 +1,5 @@
-"""The environment's alarm topic: KMS-encrypted SNS that CloudWatch alarms may publish to."""
+"""The environment's alarm topic: KMS-encrypted SNS that CloudWatch alarms may publish to;
+and `encrypted_topic`, the shape of every topic the app creates."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ def require_email(address: str, what: str) -> str:
     return address
 
 
+def encrypted_topic(
+    scope: Construct, construct_id: str, *, key: kms.IKey, display_name: str
+) -> sns.Topic:
+    """A topic encrypted with `key` whose policy refuses every request not made over TLS.
+    Publishers that are IAM principals need `sns:Publish` on it and the key through SNS."""
+    return sns.Topic(
+        scope, construct_id, display_name=display_name, master_key=key, enforce_ssl=True
+    )
+
+
 class AlarmTopic(Construct):
     """SNS topic encrypted with `key`, TLS-only; CloudWatch alarms of this account and region
     may publish (topic policy and key policy), and `email` (optional) is subscribed. An
@@ -41,13 +52,7 @@ class AlarmTopic(Construct):
             "StringEquals": {"aws:SourceAccount": stack.account},
             "ArnLike": {"aws:SourceArn": alarms},
         }
-        self.topic = sns.Topic(
-            self,
-            "Topic",
-            display_name="semif endpoint alarms",
-            master_key=key,
-            enforce_ssl=True,
-        )
+        self.topic = encrypted_topic(self, "Topic", key=key, display_name="semif endpoint alarms")
         self.topic.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="CloudWatchAlarms",

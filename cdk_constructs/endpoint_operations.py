@@ -2,7 +2,9 @@
 
 Every alarm notifies the environment's topic when it fires and when it clears. The alarms
 name the endpoint by its fixed name, so they exist before it: the 5XX and latency alarms
-are the endpoint's automatic-rollback alarms during a blue/green update.
+are the endpoint's automatic-rollback alarms during a blue/green update. An asynchronous
+endpoint scales on its queue instead, down to zero instances, and alarms on the age of its
+oldest queued request (`AsyncEndpointAutoscaling`, `AsyncEndpointAlarms`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,32 @@ EVALUATION_PERIODS = 5
 DATAPOINTS_TO_ALARM = 3
 INVOCATION_NAMESPACE = "AWS/SageMaker"
 INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
+# An alarm to make: construct id suffix, what it watches, the metric, the threshold.
+Check = tuple[str, str, cloudwatch.IMetric, float]
+
+
+def variant_target(
+    scope: Construct, endpoint: SageMakerEndpoint, *, min_capacity: int, max_capacity: int
+) -> appscaling.ScalableTarget:
+    """The variant's instance count as an Application Auto Scaling target (id `Target`)."""
+    target = appscaling.ScalableTarget(
+        scope,
+        "Target",
+        service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
+        resource_id=f"endpoint/{endpoint.endpoint_name}/variant/{endpoint.variant_name}",
+        scalable_dimension="sagemaker:variant:DesiredInstanceCount",
+        min_capacity=min_capacity,
+        max_capacity=max_capacity,
+    )
+    # Application Auto Scaling uses its service-linked role for SageMaker; the role the L2
+    # construct creates would be unused, so it is removed.
+    cfn_target = target.node.default_child
+    assert isinstance(cfn_target, appscaling.CfnScalableTarget)
+    cfn_target.add_property_deletion_override("RoleARN")
+    target.node.try_remove_child("Role")
+    # The variant must exist before Application Auto Scaling can register it.
+    target.node.add_dependency(endpoint.endpoint)
+    return target
 
 
 class EndpointAutoscaling(Construct):
@@ -100,23 +128,9 @@ class EndpointAutoscaling(Construct):
             target_concurrency > 0,
             f"autoscaling target_concurrency: {target_concurrency} must be > 0",
         )
-        self.target = appscaling.ScalableTarget(
-            self,
-            "Target",
-            service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
-            resource_id=f"endpoint/{endpoint.endpoint_name}/variant/{endpoint.variant_name}",
-            scalable_dimension="sagemaker:variant:DesiredInstanceCount",
-            min_capacity=settings.min_capacity,
-            max_capacity=settings.max_capacity,
+        self.target = variant_target(
+            self, endpoint, min_capacity=settings.min_capacity, max_capacity=settings.max_capacity
         )
-        # Application Auto Scaling uses its service-linked role for SageMaker; the role the
-        # L2 construct creates would be unused, so it is removed.
-        cfn_target = self.target.node.default_child
-        assert isinstance(cfn_target, appscaling.CfnScalableTarget)
-        cfn_target.add_property_deletion_override("RoleARN")
-        self.target.node.try_remove_child("Role")
-        # The variant must exist before Application Auto Scaling can register it.
-        self.target.node.add_dependency(endpoint.endpoint)
         self.target.scale_to_track_metric(
             "Tracking",
             predefined_metric=CONCURRENCY_METRIC,
@@ -193,7 +207,7 @@ class EndpointAlarms(Construct):
             period=PERIOD,
             label="5XX error rate (%)",
         )
-        checks: list[tuple[str, str, cloudwatch.IMetric, float]] = [
+        checks: list[Check] = [
             ("5xx", "5XX error rate (%)", error_rate, thresholds.five_xx_rate_percent),
             (
                 "Latency",
@@ -201,43 +215,197 @@ class EndpointAlarms(Construct):
                 metric(INVOCATION_NAMESPACE, "ModelLatency", "p95"),
                 thresholds.p95_model_latency_ms * 1000.0,
             ),
+            *_health_checks(dimensions, thresholds, gpu),
+        ]
+        return _threshold_alarms(self, prefix, label, checks)
+
+
+def _health_checks(
+    dimensions: dict[str, str], thresholds: AlarmThresholds, gpu: bool
+) -> list[Check]:
+    """The instances' memory and disk (and GPU memory on GPU placements), from the metrics
+    SageMaker publishes as the endpoint's role."""
+
+    def metric(name: str) -> cloudwatch.Metric:
+        return cloudwatch.Metric(
+            namespace=INSTANCE_NAMESPACE,
+            metric_name=name,
+            dimensions_map=dimensions,
+            statistic="Maximum",
+            period=PERIOD,
+        )
+
+    checks: list[Check] = [
+        (
+            "Memory",
+            "instance MemoryUtilization (%)",
+            metric("MemoryUtilization"),
+            thresholds.max_memory_utilization_percent,
+        ),
+        (
+            "Disk",
+            "instance DiskUtilization (%)",
+            metric("DiskUtilization"),
+            thresholds.max_disk_utilization_percent,
+        ),
+    ]
+    if gpu:
+        checks.append(
             (
-                "Memory",
-                "instance MemoryUtilization (%)",
-                metric(INSTANCE_NAMESPACE, "MemoryUtilization", "Maximum"),
-                thresholds.max_memory_utilization_percent,
+                "GpuMemory",
+                "instance GPUMemoryUtilization (%)",
+                metric("GPUMemoryUtilization"),
+                thresholds.max_gpu_memory_utilization_percent,
+            )
+        )
+    return checks
+
+
+def _threshold_alarms(
+    scope: Construct, prefix: str, label: str, checks: Sequence[Check]
+) -> list[cloudwatch.Alarm]:
+    """One alarm per check, above its threshold in 3 of 5 minutes; no data is not breaching
+    (an endpoint without traffic, or without instances, is not failing)."""
+    return [
+        cloudwatch.Alarm(
+            scope,
+            f"{prefix}{name}",
+            alarm_description=f"{description}{label} above {threshold:g}",
+            metric=alarm_metric,
+            threshold=threshold,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=EVALUATION_PERIODS,
+            datapoints_to_alarm=DATAPOINTS_TO_ALARM,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        for name, description, alarm_metric, threshold in checks
+    ]
+
+
+# SageMaker's queue metrics of an asynchronous endpoint (namespace AWS/SageMaker, dimension
+# EndpointName only): requests queued or in progress per instance; 1 while requests wait
+# and no instance runs; the age of the oldest queued request (seconds).
+BACKLOG_PER_INSTANCE_METRIC = "ApproximateBacklogSizePerInstance"
+BACKLOG_WITHOUT_CAPACITY_METRIC = "HasBacklogWithoutCapacity"
+OLDEST_REQUEST_AGE_METRIC = "ApproximateAgeOfOldestRequest"
+# SageMaker's example policy for asynchronous endpoints: scale in after 10 quiet minutes,
+# out again after 5.
+ASYNC_SCALE_IN_COOLDOWN = Duration.minutes(10)
+ASYNC_SCALE_OUT_COOLDOWN = Duration.minutes(5)
+
+
+def _queue_metric(endpoint_name: str, name: str, statistic: str) -> cloudwatch.Metric:
+    return cloudwatch.Metric(
+        namespace=INVOCATION_NAMESPACE,
+        metric_name=name,
+        dimensions_map={"EndpointName": endpoint_name},
+        statistic=statistic,
+        period=PERIOD,
+    )
+
+
+class AsyncEndpointAutoscaling(Construct):
+    """Scale an asynchronous endpoint on its queue, between zero and `max_capacity`.
+
+    Target tracking keeps `target_backlog_per_instance` queued requests per instance
+    (`ApproximateBacklogSizePerInstance`, SageMaker's recommended metric) and scales in to
+    zero once the queue is empty. At zero instances that metric has nothing to divide by,
+    so a request arriving then would wait until the backlog passed the target; instead a
+    step policy adds one instance as soon as `HasBacklogWithoutCapacity` reads 1 for a
+    minute. Its cooldown is `startup_seconds` (the variant's start-up timeouts): while the
+    first instance starts the alarm stays in ALARM, and a second +1 then would start a
+    second instance for a backlog the first one will take. The requests wait in
+    SageMaker's queue meanwhile.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        endpoint: SageMakerEndpoint,
+        max_capacity: int,
+        target_backlog_per_instance: float,
+        startup_seconds: int,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        require(max_capacity >= 1, f"async autoscaling max_capacity: {max_capacity} < 1")
+        require(
+            target_backlog_per_instance > 0,
+            f"async autoscaling target_backlog_per_instance: {target_backlog_per_instance} "
+            "must be > 0",
+        )
+        name = endpoint.endpoint_name
+        self.target = variant_target(self, endpoint, min_capacity=0, max_capacity=max_capacity)
+        self.target.scale_to_track_metric(
+            "Backlog",
+            custom_metric=_queue_metric(name, BACKLOG_PER_INSTANCE_METRIC, "Average"),
+            target_value=target_backlog_per_instance,
+            scale_in_cooldown=ASYNC_SCALE_IN_COOLDOWN,
+            scale_out_cooldown=ASYNC_SCALE_OUT_COOLDOWN,
+        )
+        from_zero = appscaling.StepScalingAction(
+            self,
+            "FromZero",
+            scaling_target=self.target,
+            adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+            metric_aggregation_type=appscaling.MetricAggregationType.AVERAGE,
+            cooldown=Duration.seconds(startup_seconds),
+        )
+        from_zero.add_adjustment(adjustment=1, lower_bound=0)
+        self.wake_alarm = cloudwatch.Alarm(
+            self,
+            "BacklogWithoutCapacity",
+            alarm_description=f"{name}: requests wait and no instance runs; start one",
+            metric=_queue_metric(name, BACKLOG_WITHOUT_CAPACITY_METRIC, "Average"),
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.wake_alarm.add_alarm_action(cloudwatch_actions.ApplicationScalingAction(from_zero))
+
+
+class AsyncEndpointAlarms(Construct):
+    """An asynchronous endpoint's alarms, each with alarm and OK actions on `topic`: the
+    oldest queued request older than `max_oldest_request_age_seconds` (the queue is not
+    draining: too few instances, or none starting), and the instances' memory and disk (and
+    GPU memory). Not 5XX rate or model latency: an invocation here is a whole file whose
+    latency is minutes by design, and its failures go to the error topic."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        endpoint_name: str,
+        max_oldest_request_age_seconds: int,
+        thresholds: AlarmThresholds,
+        topic: sns.ITopic,
+        gpu: bool = False,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        require(
+            max_oldest_request_age_seconds > 0,
+            f"async alarms max_oldest_request_age_seconds: {max_oldest_request_age_seconds} "
+            "must be > 0",
+        )
+        checks: list[Check] = [
+            (
+                "OldestRequest",
+                "ApproximateAgeOfOldestRequest (seconds)",
+                _queue_metric(endpoint_name, OLDEST_REQUEST_AGE_METRIC, "Maximum"),
+                float(max_oldest_request_age_seconds),
             ),
-            (
-                "Disk",
-                "instance DiskUtilization (%)",
-                metric(INSTANCE_NAMESPACE, "DiskUtilization", "Maximum"),
-                thresholds.max_disk_utilization_percent,
+            *_health_checks(
+                {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}, thresholds, gpu
             ),
         ]
-        if gpu:
-            checks.append(
-                (
-                    "GpuMemory",
-                    "instance GPUMemoryUtilization (%)",
-                    metric(INSTANCE_NAMESPACE, "GPUMemoryUtilization", "Maximum"),
-                    thresholds.max_gpu_memory_utilization_percent,
-                )
-            )
-        alarms = [
-            cloudwatch.Alarm(
-                self,
-                f"{prefix}{name}",
-                alarm_description=f"{description}{label} above {threshold:g}",
-                metric=alarm_metric,
-                threshold=threshold,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-                evaluation_periods=EVALUATION_PERIODS,
-                datapoints_to_alarm=DATAPOINTS_TO_ALARM,
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-            )
-            for name, description, alarm_metric, threshold in checks
-        ]
-        return alarms
+        self.alarms = _threshold_alarms(self, "", f" of {endpoint_name}", checks)
+        action = cloudwatch_actions.SnsAction(topic)
+        for alarm in self.alarms:
+            alarm.add_alarm_action(action)
+            alarm.add_ok_action(action)
 
 
 # SageMaker's detailed observability labels every metric it publishes with the endpoint's

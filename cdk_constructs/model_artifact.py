@@ -41,3 +41,7 @@ class ModelArtifact:
     @property
     def object_arn(self) -> str:
         return self.bucket.arn_for_objects(self.object_key)
+
+    def s3_uri(self, prefix: str) -> str:
+        """`s3://<bucket>/<prefix>`: where offline requests and answers live beside the model."""
+        return f"s3://{self.bucket.bucket_name}/{prefix}"

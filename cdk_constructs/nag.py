@@ -39,7 +39,8 @@ def acknowledge_provider_invokes(
 
 
 def nag_resource(stack: Stack, value: str) -> str:
-    """How cdk-nag spells a resource in a finding id: intrinsics as `<AWS::Region>`, ..."""
+    """How cdk-nag spells a resource in a finding id: intrinsics as `<AWS::Region>`, ...,
+    an import as its export's name."""
 
     def render(part: Any) -> str:
         if isinstance(part, str):
@@ -51,6 +52,8 @@ def nag_resource(stack: Stack, value: str) -> str:
             return str(separator).join(render(p) for p in parts)
         if isinstance(part, dict) and "Fn::GetAtt" in part:
             return "<{}.{}>".format(*part["Fn::GetAtt"])
+        if isinstance(part, dict) and "Fn::ImportValue" in part:
+            return render(part["Fn::ImportValue"])  # the export's name, as written
         raise ValueError(f"cannot spell {part!r} as cdk-nag does")
 
     return render(stack.resolve(value))

@@ -1,11 +1,13 @@
-"""A SageMaker real-time endpoint: execution role, model, endpoint config, endpoint.
+"""A SageMaker endpoint: execution role, model, endpoint config, endpoint.
 
 Model and endpoint-config names are left to CloudFormation, so a changed image, artifact
 or setting creates new ones and the endpoint moves to them (then the old ones are deleted).
 The endpoint name is fixed per environment so its log group, alarms and scaling target
 can name it. Updates keep the variant's current instance count and weight
 (`RetainAllVariantProperties`) and roll out blue/green by the typed `Rollout` policy,
-rolling back automatically when one of the endpoint's alarms fires.
+rolling back automatically when one of the endpoint's alarms fires. The same construct
+builds an asynchronous endpoint (`AsyncInference`): requests and answers in S3, outcomes
+on SNS; and the role may be opened to batch transform jobs (`allow_batch_transform`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sagemaker as sagemaker
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from cdk_constructs.container_image import EcrImage
@@ -65,6 +68,23 @@ _EXECUTION_TIMEOUT_S = (600, 28800)
 METRIC_PUBLISH_SECONDS = (10, 30, 60, 120, 180, 240, 300)
 PREFIX_LENGTH_BYTES = (1024, 65536)
 CONCURRENCY_THRESHOLD = (1, 1024)
+# botocore: AsyncInferenceClientConfig.MaxConcurrentInvocationsPerInstance.
+ASYNC_INVOCATIONS_PER_INSTANCE = (1, 1000)
+# Where SageMaker writes a transform job's logs and instance metrics (fixed names, shared by
+# every job of the account and region, so created by SageMaker rather than by a stack).
+TRANSFORM_LOG_GROUP = "/aws/sagemaker/TransformJobs"
+TRANSFORM_METRIC_NAMESPACE = "/aws/sagemaker/TransformJobs"
+# A key prefix in the artifact bucket: relative, ending in "/", no wildcard or odd characters.
+_KEY_PREFIX = re.compile(r"^(?:[a-z0-9][a-z0-9._-]*/)+$")
+
+
+def require_key_prefix(prefix: str, what: str) -> str:
+    """`batch/input/`: the exact prefix a grant ends in `*` after, so no wildcard inside."""
+    require(
+        bool(_KEY_PREFIX.fullmatch(prefix)),
+        f"{what}: {prefix!r} is not a key prefix (lowercase segments, each ending in '/')",
+    )
+    return prefix
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,6 +320,55 @@ class PrefixAwareRouting:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class AsyncInference:
+    """The endpoint config's AsyncInferenceConfig, in the model's bucket and key.
+
+    InvokeEndpointAsync names a request object under `input_prefix` (the caller uploads it
+    there); SageMaker reads it as the endpoint's role, queues it, and writes the answer
+    under `output_prefix`, or the error under `failure_prefix`, both encrypted with the
+    model's key, then publishes the outcome to `success_topic` or `error_topic`.
+    `invocations_per_instance` is how many requests SageMaker hands one instance at once
+    (`ClientConfig.MaxConcurrentInvocationsPerInstance`); the others wait in its queue.
+    """
+
+    input_prefix: str
+    output_prefix: str
+    failure_prefix: str
+    success_topic: sns.ITopic
+    error_topic: sns.ITopic
+    invocations_per_instance: int
+
+    def __post_init__(self) -> None:
+        for name in ("input_prefix", "output_prefix", "failure_prefix"):
+            require_key_prefix(getattr(self, name), f"async.{name}")
+        low, high = ASYNC_INVOCATIONS_PER_INSTANCE
+        require(
+            low <= self.invocations_per_instance <= high,
+            f"async.invocations_per_instance: {self.invocations_per_instance} is outside "
+            f"{low}..{high}",
+        )
+
+    def config(
+        self, model: ModelArtifact
+    ) -> sagemaker.CfnEndpointConfig.AsyncInferenceConfigProperty:
+        endpoint_config = sagemaker.CfnEndpointConfig
+        return endpoint_config.AsyncInferenceConfigProperty(
+            output_config=endpoint_config.AsyncInferenceOutputConfigProperty(
+                s3_output_path=model.s3_uri(self.output_prefix),
+                s3_failure_path=model.s3_uri(self.failure_prefix),
+                kms_key_id=model.key.key_arn,
+                notification_config=endpoint_config.AsyncInferenceNotificationConfigProperty(
+                    success_topic=self.success_topic.topic_arn,
+                    error_topic=self.error_topic.topic_arn,
+                ),
+            ),
+            client_config=endpoint_config.AsyncInferenceClientConfigProperty(
+                max_concurrent_invocations_per_instance=self.invocations_per_instance
+            ),
+        )
+
+
 def endpoint_log_group_name(endpoint_name: str) -> str:
     return f"/aws/sagemaker/Endpoints/{endpoint_name}"
 
@@ -312,9 +381,11 @@ class SageMakerEndpoint(Construct):
     write only this endpoint's log group. The log group has the fixed name SageMaker
     writes to, so it is never retained: a retained one would make the next deploy after a
     destroy fail with "already exists". `rollback_alarms` (created before the endpoint)
-    roll a failing update back. `observability` sets the config's MetricsConfig (unset:
-    SageMaker's defaults), `routing` the variant's prefix-aware routing (unset: SageMaker's
-    default router).
+    roll a failing update back; `rollout` None leaves the update policy to SageMaker (no
+    DeploymentConfig). `observability` sets the config's MetricsConfig (unset: SageMaker's
+    defaults), `routing` the variant's prefix-aware routing (unset: SageMaker's default
+    router). `async_inference` makes it an asynchronous endpoint, its role allowed exactly
+    the request, answer and failure prefixes and the two topics.
     """
 
     def __init__(
@@ -330,11 +401,12 @@ class SageMakerEndpoint(Construct):
         initial_instance_count: int,
         startup_timeout_seconds: int,
         network: NetworkSettings | None,
-        rollout: Rollout,
+        rollout: Rollout | None,
         rollback_alarms: Sequence[cloudwatch.IAlarm],
         log_key: kms.IKey,
         observability: Observability | None = None,
         routing: PrefixAwareRouting | None = None,
+        async_inference: AsyncInference | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         require(
@@ -342,8 +414,14 @@ class SageMakerEndpoint(Construct):
             f"{endpoint_name}: {len(rollback_alarms)} rollback alarms; SageMaker takes at "
             f"most {MAX_ROLLBACK_ALARMS}",
         )
-        rollout.check_capacity(initial_instance_count, f"{endpoint_name} rollout")
+        require(
+            rollout is not None or not rollback_alarms,
+            f"{endpoint_name}: rollback alarms need a rollout (its DeploymentConfig)",
+        )
+        if rollout is not None:
+            rollout.check_capacity(initial_instance_count, f"{endpoint_name} rollout")
         self.endpoint_name = endpoint_name
+        self.artifact = model
         self.variant_name = VARIANT_NAME
         self.image = image
         self.image_uri = image.uri
@@ -398,6 +476,9 @@ class SageMakerEndpoint(Construct):
                 )
             ],
             metrics_config=None if observability is None else observability.metrics_config(),
+            async_inference_config=None
+            if async_inference is None
+            else async_inference.config(model),
             # Instances with local NVMe storage (every GPU pool type, CPU `*d.*` types)
             # reject a volume key.
             kms_key_id=model.key.key_arn if volume_key else None,
@@ -417,11 +498,144 @@ class SageMakerEndpoint(Construct):
             endpoint_config_name=self.endpoint_config.attr_endpoint_config_name,
             # A deploy keeps the instance count autoscaling chose (and the weight).
             retain_all_variant_properties=True,
-            deployment_config=rollout.deployment_config(
-                [alarm.alarm_name for alarm in rollback_alarms]
-            ),
+            deployment_config=None
+            if rollout is None
+            else rollout.deployment_config([alarm.alarm_name for alarm in rollback_alarms]),
         )
         self.endpoint.node.add_dependency(self.log_group)
+        if async_inference is not None:
+            self._allow_async(async_inference)
+
+    def allow_batch_transform(self, *, input_prefix: str, output_prefix: str) -> None:
+        """Let transform jobs run on this model: a job reads its S3 input and writes its
+        output as the model's execution role, so the role may list and read objects under
+        `input_prefix`, write (multipart included) under `output_prefix`, and write the
+        jobs' logs and instance metrics where SageMaker puts them."""
+        stack = Stack.of(self)
+        self.allow_prefixes(
+            read=[require_key_prefix(input_prefix, "batch input_prefix")],
+            write=[require_key_prefix(output_prefix, "batch output_prefix")],
+            listed=True,
+            purpose="a batch transform job",
+        )
+        log_group = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"{TRANSFORM_LOG_GROUP}:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "logs:CreateLogGroup",
+                    "logs:CreateLogStream",
+                    "logs:PutLogEvents",
+                    "logs:DescribeLogStreams",
+                ],
+                resources=[log_group],
+            )
+        )
+        acknowledge(
+            self.role,
+            f"AwsSolutions-IAM5[Resource::{nag_resource(stack, log_group)}]",
+            f"Transform jobs log to SageMaker's fixed group {TRANSFORM_LOG_GROUP}, one "
+            "stream per job and instance, named by SageMaker when the job starts.",
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringEquals": {"cloudwatch:namespace": TRANSFORM_METRIC_NAMESPACE}},
+            )
+        )
+
+    def allow_prefixes(
+        self,
+        *,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        listed: bool = False,
+        purpose: str,
+    ) -> None:
+        """Let SageMaker, as this role, read objects under the `read` prefixes of the model's
+        bucket (and list them, `listed`, as an S3Prefix input needs) and write under `write`,
+        with the model's key: decrypt and data keys through S3 only; `kms:Encrypt` as
+        SageMaker asks of a role whose output names a KmsKeyId (it reveals nothing)."""
+        stack = Stack.of(self)
+        bucket_arn = self._bucket_arn()
+        objects = {prefix: f"{bucket_arn}/{prefix}*" for prefix in (*read, *write)}
+        if read:
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:GetObject"], resources=[objects[prefix] for prefix in read]
+                )
+            )
+        if read and listed:
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:ListBucket"],
+                    resources=[bucket_arn],
+                    conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in read]}},
+                )
+            )
+        if write:
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+                    resources=[objects[prefix] for prefix in write],
+                )
+            )
+        key = self.artifact.key.key_arn
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                # A multipart upload to an SSE-KMS bucket decrypts its data key for each part.
+                actions=["kms:Decrypt", *(["kms:GenerateDataKey"] if write else [])],
+                resources=[key],
+                conditions={"StringEquals": {"kms:ViaService": _via(stack, "s3")}},
+            )
+        )
+        if write:
+            self.role.add_to_policy(iam.PolicyStatement(actions=["kms:Encrypt"], resources=[key]))
+        for prefix, resource in objects.items():
+            acknowledge(
+                self.role,
+                f"AwsSolutions-IAM5[Resource::{nag_resource(stack, resource)}]",
+                f"The objects of {purpose} under {prefix} are named by whoever submits it; "
+                "the grant is limited to that one prefix of the artifact bucket.",
+            )
+
+    def _bucket_arn(self) -> str:
+        """The model bucket's ARN; from another stack, as the explicit `Fn::ImportValue` of
+        the export an automatic reference would use (the same export), so that cdk-nag's
+        spelling of a prefix ARN is known here (`nag_resource`)."""
+        bucket = self.artifact.bucket
+        producer = Stack.of(bucket)
+        if producer.node.path == Stack.of(self).node.path:
+            return bucket.bucket_arn
+        return producer.export_value(bucket.bucket_arn)
+
+    def _allow_async(self, config: AsyncInference) -> None:
+        """InvokeEndpointAsync's input (read), the answers and failures (written), and the
+        two outcome topics (publish; their key through SNS only)."""
+        stack = Stack.of(self)
+        self.allow_prefixes(
+            read=[config.input_prefix],
+            write=[config.output_prefix, config.failure_prefix],
+            purpose="an asynchronous invocation",
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["sns:Publish"],
+                resources=[config.success_topic.topic_arn, config.error_topic.topic_arn],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["kms:Decrypt", "kms:GenerateDataKey"],
+                resources=[self.artifact.key.key_arn],
+                conditions={"StringEquals": {"kms:ViaService": _via(stack, "sns")}},
+            )
+        )
 
     def _execution_role(
         self,
@@ -452,9 +666,7 @@ class SageMakerEndpoint(Construct):
             iam.PolicyStatement(
                 actions=["kms:Decrypt"],
                 resources=[model.key.key_arn],
-                conditions={
-                    "StringEquals": {"kms:ViaService": f"s3.{stack.region}.{stack.url_suffix}"}
-                },
+                conditions={"StringEquals": {"kms:ViaService": _via(stack, "s3")}},
             )
         )
         role.add_to_policy(
@@ -550,6 +762,11 @@ class SageMakerEndpoint(Construct):
                 ],
             )
         )
+
+
+def _via(stack: Stack, service: str) -> str:
+    """`kms:ViaService` of `service` in this region: the key used only through it."""
+    return f"{service}.{stack.region}.{stack.url_suffix}"
 
 
 def _production_variant(

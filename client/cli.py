@@ -5,6 +5,11 @@
     semif chat "Say hello in French." --url http://127.0.0.1:8080
     semif wait --endpoint-name NAME --region REGION
     semif check --endpoint-name NAME --region REGION [--probe decision|chat]
+    semif batch local tickets.jsonl --url http://127.0.0.1:8080 --out answers.jsonl
+    semif batch submit --model-name M --input s3://B/batch/input/ --output s3://B/batch/output/
+        --kms-key-id KEY
+    semif batch async tickets.jsonl --endpoint-name NAME --input-prefix s3://B/async/input/
+        --out answers.jsonl
 
 Requests come from a JSON file or stdin (`-`); answers print as a table, or as the raw
 JSON with `--json`. Exit codes: 0 answered, 1 the endpoint refused or failed, 2 usage.
@@ -22,6 +27,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from client.batch_aws import TransformJob, aws_client, cost, run_async, submit
+from client.batch_local import BatchInputError, run_local
 from client.decision_client import (
     ChoiceAnswer,
     DecisionClient,
@@ -245,6 +252,68 @@ def _check(args: argparse.Namespace) -> None:
     print(f"ok: {client.transport.describe()} answered {summary}")
 
 
+def _batch_local(args: argparse.Namespace) -> None:
+    """A JSON Lines file through a running endpoint, resumably (client.batch_local)."""
+    try:
+        summary = run_local(
+            _client(args),
+            Path(args.file),
+            Path(args.out),
+            max_lines=args.max_lines,
+            in_flight=args.in_flight,
+            progress=_progress(),
+        )
+    except BatchInputError as error:
+        raise UsageError(str(error)) from None
+    print(f"{args.out}: {summary.describe()}")
+
+
+def _batch_submit(args: argparse.Namespace) -> None:
+    """A batch transform job on the deployed decision model (client.batch_aws)."""
+    job = TransformJob(
+        model_name=args.model_name,
+        input_uri=args.input,
+        output_uri=args.output,
+        kms_key_id=args.kms_key_id,
+        instances=args.instances,
+        instance_type=args.instance_type,
+        job_name=args.job_name or "",
+    )
+    try:
+        name, summary = submit(
+            aws_client("sagemaker", args.region),
+            aws_client("s3", args.region),
+            job,
+            poll_s=args.poll_s,
+            progress=_progress(),
+        )
+    except BatchInputError as error:
+        raise UsageError(str(error)) from None
+    line = f"{name}: {summary.describe()}"
+    if args.price_per_hour is not None:
+        spent = cost(summary.seconds, args.instances, args.price_per_hour)
+        line += f"; about ${spent:.2f} at ${args.price_per_hour:g}/h x {args.instances}"
+    print(line)
+
+
+def _batch_async(args: argparse.Namespace) -> None:
+    """A JSON Lines file through the asynchronous endpoint (client.batch_aws)."""
+    try:
+        summary = run_async(
+            aws_client("sagemaker-runtime", args.region),
+            aws_client("s3", args.region),
+            endpoint_name=args.endpoint_name,
+            source=Path(args.file),
+            input_prefix=args.input_prefix,
+            out=Path(args.out),
+            timeout_s=args.wait_timeout,
+            progress=_progress(),
+        )
+    except BatchInputError as error:
+        raise UsageError(str(error)) from None
+    print(f"{args.out}: {summary.describe()}")
+
+
 def _parser() -> argparse.ArgumentParser:
     target = argparse.ArgumentParser(add_help=False)
     where = target.add_argument_group("endpoint (one of)")
@@ -312,6 +381,58 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait")
     check.set_defaults(run=_check)
+    batch = commands.add_parser("batch", help="offline batches of JSON Lines")
+    batches = batch.add_subparsers(dest="batch_command", required=True)
+    local = batches.add_parser(
+        "local",
+        parents=[target],
+        help="score a JSON Lines file through a running endpoint (resumable)",
+    )
+    local.add_argument(
+        "file", help="JSON Lines: one decision, decisions or System One body per line"
+    )
+    local.add_argument("--out", required=True, help="where the answers go, one line per input line")
+    local.add_argument(
+        "--max-lines",
+        type=_positive_int,
+        default=256,
+        help="lines per request, whole states together (default %(default)s)",
+    )
+    local.add_argument(
+        "--in-flight",
+        type=_positive_int,
+        default=2,
+        help="requests sent at once (default %(default)s)",
+    )
+    local.set_defaults(run=_batch_local)
+    aws = argparse.ArgumentParser(add_help=False)
+    aws.add_argument("--region", help="AWS region (default: boto3's)")
+    submit_job = batches.add_parser(
+        "submit", parents=[aws], help="a batch transform job on the deployed decision model"
+    )
+    submit_job.add_argument("--model-name", required=True, help="the stack's DecisionModelName")
+    submit_job.add_argument("--input", required=True, help="s3:// prefix of JSON Lines objects")
+    submit_job.add_argument("--output", required=True, help="s3:// prefix for the answers")
+    submit_job.add_argument("--kms-key-id", required=True, help="the environment's KMS key")
+    submit_job.add_argument("--instances", type=_positive_int, default=1)
+    submit_job.add_argument("--instance-type", default="ml.c6i.2xlarge")
+    submit_job.add_argument("--job-name", help="default semif-batch-<UTC time>")
+    submit_job.add_argument(
+        "--price-per-hour", type=_seconds, help="one instance's price, for a cost estimate"
+    )
+    submit_job.add_argument("--poll-s", type=_seconds, default=30.0, help=argparse.SUPPRESS)
+    submit_job.set_defaults(run=_batch_submit)
+    queued = batches.add_parser(
+        "async", parents=[aws], help="a JSON Lines file through the asynchronous endpoint"
+    )
+    queued.add_argument("file", help="JSON Lines: one request body per line")
+    queued.add_argument("--endpoint-name", required=True, help="the stack's AsyncEndpointName")
+    queued.add_argument("--input-prefix", required=True, help="the stack's AsyncInputPrefix")
+    queued.add_argument("--out", required=True, help="where the answers go")
+    queued.add_argument(
+        "--wait-timeout", type=float, default=3600.0, help="seconds to wait for the answer"
+    )
+    queued.set_defaults(run=_batch_async)
     return parser
 
 
@@ -319,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `semif` console script; returns the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.endpoint_url and not args.endpoint_name:
+    if getattr(args, "endpoint_url", None) and not args.endpoint_name:
         parser.error("--endpoint-url goes with --endpoint-name")
     try:
         args.run(args)

@@ -27,11 +27,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from email.utils import parsedate_to_datetime
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+if TYPE_CHECKING:
+    from client.batch_local import Summary
+
 DEFAULT_TIMEOUT_S = 120.0
+JSON = "application/json"
+JSON_LINES = "application/jsonlines"  # one request per line (the endpoint's offline form)
 _BUSY_AWS_ERRORS = ("ThrottlingException", "ServiceUnavailable", "ModelNotReadyException")
 _RETRYABLE_STATUSES = (429, 503)
 # SageMaker is not known to pass a container's headers on in a ModelError: a hint meant for
@@ -286,10 +292,13 @@ class ChatCompletion:
 
 
 class Transport(Protocol):
-    """Posts one JSON body to /invocations, with the retry token an earlier refusal gave
-    (if any); returns the parsed 2xx answer or raises."""
+    """Posts one body to /invocations, with the retry token an earlier refusal gave (if
+    any); returns the parsed 2xx answer (a JSON Lines answer as its list of objects) or
+    raises."""
 
-    def post(self, body: bytes, retry_token: str | None = None) -> Any: ...
+    def post(
+        self, body: bytes, retry_token: str | None = None, content_type: str = JSON
+    ) -> Any: ...
 
     def wait_until_ready(
         self, timeout_s: float, progress: Callable[[str], None] | None = None
@@ -375,8 +384,11 @@ def state_first(body: Mapping[str, Any]) -> dict[str, Any]:
     return dict(top)
 
 
-def _parse_answer(text: str | bytes) -> Any:
+def _parse_answer(text: str | bytes, content_type: str = JSON) -> Any:
+    """The 2xx answer: one JSON value, or for a JSON Lines request the list of its lines."""
     try:
+        if content_type == JSON_LINES:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
         return json.loads(text)
     except ValueError:
         raise EndpointError(200, "the endpoint answered with invalid JSON", text) from None
@@ -404,8 +416,8 @@ class HttpTransport:
     def describe(self) -> str:
         return self.base_url
 
-    def post(self, body: bytes, retry_token: str | None = None) -> Any:
-        headers = {"content-type": "application/json"}
+    def post(self, body: bytes, retry_token: str | None = None, content_type: str = JSON) -> Any:
+        headers = {"content-type": content_type}
         if retry_token is not None:
             headers[CUSTOM_ATTRIBUTES_HEADER] = custom_attributes(retry_token)
         try:
@@ -416,7 +428,7 @@ class HttpTransport:
             raise _error_from_answer(
                 response.status_code, response.text, response.headers.get("retry-after")
             )
-        return _parse_answer(response.content)
+        return _parse_answer(response.content, content_type)
 
     def wait_until_ready(
         self, timeout_s: float, progress: Callable[[str], None] | None = None
@@ -477,13 +489,18 @@ class SageMakerTransport:
         self._runtime = runtime_client or _boto3_client("sagemaker-runtime", region, endpoint_url)
         self._control = control_client
 
+    @property
+    def runtime_client(self) -> Any:
+        """The boto3 `sagemaker-runtime` client the calls go through."""
+        return self._runtime
+
     def describe(self) -> str:
         return f"SageMaker endpoint {self.endpoint_name}"
 
     def close(self) -> None:
         """boto3 clients hold no resources that need closing."""
 
-    def post(self, body: bytes, retry_token: str | None = None) -> Any:
+    def post(self, body: bytes, retry_token: str | None = None, content_type: str = JSON) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
 
         extra = {} if retry_token is None else {"CustomAttributes": custom_attributes(retry_token)}
@@ -492,8 +509,8 @@ class SageMakerTransport:
         try:
             answer = self._runtime.invoke_endpoint(
                 EndpointName=self.endpoint_name,
-                ContentType="application/json",
-                Accept="application/json",
+                ContentType=content_type,
+                Accept=content_type,
                 Body=body,
                 **extra,
             )
@@ -501,7 +518,7 @@ class SageMakerTransport:
             raise _error_from_client_error(error.response) from None
         except BotoCoreError as error:
             raise UnreachableError(0, f"cannot reach {self.describe()}: {error}") from None
-        return _parse_answer(answer["Body"].read())
+        return _parse_answer(answer["Body"].read(), content_type)
 
     def wait_until_ready(
         self, timeout_s: float, progress: Callable[[str], None] | None = None
@@ -633,14 +650,38 @@ class DecisionClient:
         """POST any body to /invocations (its state first, `state_first`) and return the
         parsed JSON answer, retrying busy answers under the policy; raises BusyError once
         the policy gives up."""
-        payload = json.dumps(state_first(body), allow_nan=False).encode()
+        return self._post(json.dumps(state_first(body), allow_nan=False).encode(), JSON)
+
+    def invoke_lines(self, bodies: Sequence[Mapping[str, Any] | str]) -> list[dict[str, Any]]:
+        """POST many bodies as one JSON Lines request; the answer has one object per body,
+        in order: the body's answer, or its error with `status` (the endpoint merges
+        bodies about one state into one batch). A body given as a string is sent as it is
+        (one line of a file: the endpoint judges it), a mapping state first."""
+
+        def line(body: Mapping[str, Any] | str) -> str:
+            if isinstance(body, str):
+                if "\n" in body:
+                    raise ValueError("a JSON Lines body must not contain a newline")
+                return body
+            return json.dumps(state_first(body), allow_nan=False)
+
+        payload = "".join(line(body) + "\n" for body in bodies).encode()
+        answers: list[dict[str, Any]] = self._post(payload, JSON_LINES)
+        if len(answers) != len(bodies):
+            raise EndpointError(
+                200, f"the endpoint answered {len(answers)} lines to {len(bodies)}", answers
+            )
+        return answers
+
+    def _post(self, payload: bytes, content_type: str) -> Any:
+        """Post under the retry policy, sending back the last refusal's retry token."""
         started = self._clock()
         attempts = 0
         token: str | None = None  # the place the last refusal gave, sent back with the retry
         while True:
             attempts += 1
             try:
-                return self.transport.post(payload, token)
+                return self.transport.post(payload, token, content_type)
             except BusyError as error:
                 token = error.retry_token
                 elapsed = self._clock() - started
@@ -696,6 +737,35 @@ class DecisionClient:
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         return ChatCompletion.from_json(self.invoke(body))
+
+    def batch_async(
+        self,
+        source: Path,
+        *,
+        input_prefix: str,
+        out: Path,
+        timeout_s: float = 3600.0,
+        progress: Callable[[str], None] | None = None,
+        s3_client: Any = None,
+    ) -> Summary:
+        """A JSON Lines file through this client's endpoint as an asynchronous one: upload
+        to `input_prefix` (the stack's AsyncInputPrefix), InvokeEndpointAsync, wait, and
+        write the answers to `out` (client.batch_aws.run_async)."""
+        from client.batch_aws import aws_client, run_async
+
+        transport = self.transport
+        if not isinstance(transport, SageMakerTransport):
+            raise ValueError("batch_async needs a SageMaker endpoint (DecisionClient.for_endpoint)")
+        return run_async(
+            transport.runtime_client,
+            s3_client or aws_client("s3", transport.region),
+            endpoint_name=transport.endpoint_name,
+            source=source,
+            input_prefix=input_prefix,
+            out=out,
+            timeout_s=timeout_s,
+            progress=progress,
+        )
 
     def wait_until_ready(
         self, timeout_s: float = 1800.0, progress: Callable[[str], None] | None = None

@@ -234,6 +234,47 @@ def check_metrics(text: str, calls: int) -> float:
     return float(match.group(1))
 
 
+# A JSON Lines body (adapter/lines.py): both smoke requests and a line that is not JSON.
+BAD_LINE = "{not json"
+
+
+def lines_body() -> bytes:
+    return "\n".join([json.dumps(DECISION), json.dumps(SHARED), BAD_LINE, ""]).encode()
+
+
+def check_lines(text: str) -> list[int]:
+    """One answer per line, in order: the two requests answered, the bad line a 400."""
+    try:
+        answers = [json.loads(line) for line in text.splitlines()]
+    except ValueError:
+        raise SmokeError(f"JSON Lines answer is not JSON Lines: {text[:300]}") from None
+    if [answer.get("line") for answer in answers] != [0, 1, 2]:
+        raise SmokeError(f"JSON Lines answer has the wrong lines: {text[:300]}")
+    check_decision(answers[0])
+    check_shared(answers[1])
+    if answers[2].get("status") != 400:
+        raise SmokeError(f"the bad line was not answered 400: {str(answers[2])[:300]}")
+    return [int(answer.get("status", 200)) for answer in answers]
+
+
+def check_execution_parameters(answer: dict[str, Any]) -> dict[str, Any]:
+    """What SageMaker batch transform reads before a job (adapter/lines.py)."""
+    if answer.get("BatchStrategy") != "MULTI_RECORD" or not answer.get("MaxPayloadInMB"):
+        raise SmokeError(f"/execution-parameters answered {str(answer)[:300]}")
+    return answer
+
+
+def post_lines(url: str) -> str:
+    req = urllib.request.Request(  # noqa: S310 - loopback http URL built above
+        f"{url}/invocations", data=lines_body(), headers={"Content-Type": "application/jsonlines"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as response:  # noqa: S310
+            return str(response.read().decode())
+    except (urllib.error.URLError, OSError) as error:
+        raise SmokeError(f"JSON Lines /invocations failed: {error}") from None
+
+
 def scrape(url: str) -> str:
     try:
         with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:  # noqa: S310
@@ -277,11 +318,17 @@ def smoke(
             raise SmokeError(f"shared /invocations answered {status}: {str(shared)[:300]}")
         check_shared(shared)
         counted = check_metrics(scrape(url), calls=2)
+        line_statuses = check_lines(post_lines(url))
+        status, parameters = request(f"{url}/execution-parameters")
+        if status != 200:
+            raise SmokeError(f"/execution-parameters answered {status}: {str(parameters)[:300]}")
+        check_execution_parameters(parameters)
         report = {
             "smoke": "passed",
             "backends": backends,
             "probabilities": probabilities,
             "decision_calls_counted": counted,
+            "json_lines_statuses": line_statuses,
         }
         print(json.dumps({**report, "required_file": library}))
     except SmokeError:

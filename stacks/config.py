@@ -73,6 +73,14 @@ SCALE_OUT_BATCH_FRACTION = 0.75
 # the adapter's 1,024-row passes), and a longer window would take in the question, whose
 # bytes differ between requests about one state and would split them across instances.
 ROUTING_PREFIX_BYTES = 1024
+# An asynchronous endpoint: InvokeEndpointAsync's InvocationTimeoutSeconds is at most 3600 s;
+# a queued request lives at most RequestTTLSeconds' 21600 s (6 hours); its input is at most
+# 1 GB, and the adapter's SEMIF_MAX_LINES_BYTES takes 1 MiB..1 GiB.
+MAX_ASYNC_INVOCATION_SECONDS = 3600.0
+MAX_ASYNC_QUEUE_SECONDS = 21600
+ASYNC_PAYLOAD_BYTES = (1 << 20, 1 << 30)
+# JSON Lines bodies an asynchronous instance scores at once (below, `invocations_per_instance`).
+ASYNC_BODIES_IN_FLIGHT = 2
 # SageMaker CPU families on Intel Xeon 4th generation (Sapphire Rapids) and later, whose CPUs
 # offer AMX: llama.cpp's AMX weight buffers crash there (adapter/weight_buffers.py).
 AMX_INSTANCE_FAMILIES = ("c7i", "m7i", "r7i", "c8i", "m8i", "r8i")
@@ -250,6 +258,58 @@ class DlcImages:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AsyncEndpointSettings:
+    """A second, asynchronous decision endpoint (`<decision endpoint>-async`) beside the
+    real-time one: the same image and model, requests queued in SageMaker, read from and
+    answered to S3, and scaled between zero and `max_capacity` instances on the queue
+    (`target_backlog_per_instance` queued requests per instance).
+
+    An invocation is one JSON Lines file, up to `max_payload_bytes` (the adapter's
+    `SEMIF_MAX_LINES_BYTES`; async input is at most 1 GB) and answered within
+    `request_timeout_seconds` (its `SEMIF_REQUEST_TIMEOUT_S`; InvokeEndpointAsync's
+    InvocationTimeoutSeconds is at most 3600 s, and callers should pass the same value).
+    `max_oldest_request_age_seconds` alarms when the oldest queued request is older.
+    """
+
+    max_capacity: int = 2
+    target_backlog_per_instance: float = 2.0
+    request_timeout_seconds: float = MAX_ASYNC_INVOCATION_SECONDS
+    max_payload_bytes: int = ASYNC_PAYLOAD_BYTES[1]
+    max_oldest_request_age_seconds: int = 1800
+
+    def __post_init__(self) -> None:
+        name = "decision.async_endpoint"
+        _require(
+            self.max_capacity >= 1,
+            f"{name}.max_capacity: {self.max_capacity} < 1; the endpoint scales between 0 "
+            "and max_capacity instances",
+        )
+        _require(
+            self.target_backlog_per_instance > 0,
+            f"{name}.target_backlog_per_instance: {self.target_backlog_per_instance:g} must "
+            "be > 0 (queued requests per instance that autoscaling keeps)",
+        )
+        _require(
+            1 <= self.request_timeout_seconds <= MAX_ASYNC_INVOCATION_SECONDS,
+            f"{name}.request_timeout_seconds: {self.request_timeout_seconds:g} is outside "
+            f"1..{MAX_ASYNC_INVOCATION_SECONDS:g}; InvokeEndpointAsync waits at most "
+            f"{MAX_ASYNC_INVOCATION_SECONDS:g} s for the container",
+        )
+        low, high = ASYNC_PAYLOAD_BYTES
+        _require(
+            low <= self.max_payload_bytes <= high,
+            f"{name}.max_payload_bytes: {self.max_payload_bytes} is outside {low}..{high} "
+            "(SEMIF_MAX_LINES_BYTES; an asynchronous request is at most 1 GB)",
+        )
+        _require(
+            60 <= self.max_oldest_request_age_seconds <= MAX_ASYNC_QUEUE_SECONDS,
+            f"{name}.max_oldest_request_age_seconds: {self.max_oldest_request_age_seconds} is "
+            f"outside 60..{MAX_ASYNC_QUEUE_SECONDS}; a request waits at most "
+            f"{MAX_ASYNC_QUEUE_SECONDS} s in SageMaker's queue",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class DecisionEndpointSettings:
     """The decision endpoint: our adapter image on a CPU instance or on GPU pools.
 
@@ -282,6 +342,8 @@ class DecisionEndpointSettings:
     signal_alarms: DecisionSignalThresholds = field(default_factory=DecisionSignalThresholds)
     # RoutingConfig PREFIX_AWARE (`routing`): only where the variant can have two instances.
     prefix_aware_routing: bool = False
+    # A second, asynchronous endpoint on the same image and model; None: none.
+    async_endpoint: AsyncEndpointSettings | None = None
 
     def __post_init__(self) -> None:
         try:  # a canary/linear step must fit the fewest instances the variant can have
@@ -324,6 +386,22 @@ class DecisionEndpointSettings:
             f"{MAX_REALTIME_REQUEST_SECONDS:g}; a real-time endpoint's InvokeEndpoint waits "
             "60 s for the container",
         )
+        if self.async_endpoint is not None:
+            self._check_async(self.async_endpoint)
+
+    def _check_async(self, settings: AsyncEndpointSettings) -> None:
+        """The asynchronous container's deadline covers the queue wait, like the real-time
+        one's, but not the 55 s rule; then the adapter's own checks of its variables."""
+        _require(
+            settings.request_timeout_seconds >= self.queue_timeout_seconds,
+            f"decision.async_endpoint.request_timeout_seconds: "
+            f"{settings.request_timeout_seconds:g} is below decision.queue_timeout_seconds "
+            f"({self.queue_timeout_seconds:g}); the deadline covers the queue wait",
+        )
+        try:
+            load_settings(self.async_container_environment())
+        except SettingsError as error:
+            raise ConfigError(f"decision.async_endpoint: {error}") from None
 
     def _check_kv_memory(self, budget: KvBudget) -> None:
         """A budget must leave the instance room for the weights and the OS: at most
@@ -370,6 +448,35 @@ class DecisionEndpointSettings:
         if self.threads is not None:
             environment["SEMIF_THREADS"] = str(self.threads)
         return environment
+
+    def async_container_environment(self) -> dict[str, str]:
+        """The asynchronous endpoint's variables: the real-time ones, with the deadline and
+        the JSON Lines body limit of `async_endpoint`."""
+        settings = self.async_endpoint
+        if settings is None:
+            raise ConfigError("decision.async_endpoint: not set")
+        return {
+            **self.container_environment(),
+            "SEMIF_REQUEST_TIMEOUT_S": str(settings.request_timeout_seconds),
+            "SEMIF_MAX_LINES_BYTES": str(settings.max_payload_bytes),
+        }
+
+    @property
+    def async_invocations_per_instance(self) -> int:
+        """Requests SageMaker hands one asynchronous instance at once
+        (MaxConcurrentInvocationsPerInstance; the rest wait in its queue).
+
+        Each invocation is one request body: a JSON Lines file of many decisions, which the
+        container groups by state and feeds to its scheduler one pass's worth at a time
+        (`max_batch_requests` requests). One file therefore fills the passes by itself; a
+        second keeps them full while the first is still arriving from S3, between its
+        groups, and while its answer is written. More would only share the same passes, so
+        every file would take longer towards its deadline for no more throughput; and with
+        serial scoring (`max_batch_requests` 1) a second would only wait in the container
+        instead of in SageMaker's queue. The adapter sends batch transform the same number
+        (adapter/lines.py MAX_CONCURRENT_TRANSFORMS) for the same reason.
+        """
+        return min(ASYNC_BODIES_IN_FLIGHT, self.max_batch_requests)
 
     @property
     def target_concurrency(self) -> int:

@@ -3,7 +3,9 @@
 Both serve the same `model.tar.gz` (the artifact stack's `ModelArtifact`), both pull from
 private ECR by digest, both alarm to the environment's topic, roll updates out blue/green
 with automatic rollback on their 5XX and latency alarms, and end every deploy that changes
-them with one real invocation (`EndpointCheck`).
+them with one real invocation (`EndpointCheck`). The decision stack also serves offline
+batches: transform jobs on its model (`batch/` in the artifact bucket) and, where the
+environment asks, an asynchronous endpoint that scales to zero (`async/`).
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from cdk_constructs.alarm_topic import encrypted_topic
 from cdk_constructs.container_image import EcrImage
 from cdk_constructs.deploy_time_build import DeployTimeBuild
 from cdk_constructs.endpoint_check import EndpointCheck, Probe
 from cdk_constructs.endpoint_dashboard import DecisionDashboard
 from cdk_constructs.endpoint_operations import (
+    AsyncEndpointAlarms,
+    AsyncEndpointAutoscaling,
     DecisionSignalAlarms,
     EndpointAlarms,
     EndpointAutoscaling,
@@ -31,13 +37,23 @@ from cdk_constructs.image_build import (
     ImageBuildProject,
 )
 from cdk_constructs.model_artifact import ModelArtifact
-from cdk_constructs.sagemaker_endpoint import NetworkSettings, SageMakerEndpoint
+from cdk_constructs.sagemaker_endpoint import AsyncInference, NetworkSettings, SageMakerEndpoint
 from stacks.config import DecisionEndpointSettings, StandardEndpointSettings
+
+# Where offline requests and answers live in the artifact bucket, beside the models: the
+# decision model's role may read and write exactly these prefixes.
+BATCH_INPUT_PREFIX = "batch/input/"
+BATCH_OUTPUT_PREFIX = "batch/output/"
+ASYNC_INPUT_PREFIX = "async/input/"
+ASYNC_OUTPUT_PREFIX = "async/output/"
+ASYNC_FAILURE_PREFIX = "async/failure/"
+ASYNC_SUFFIX = "-async"
 
 
 class DecisionEndpointStack(Stack):
     """Build the adapter image (deploy time), then serve it by digest with scaling, alarms
-    and a dashboard."""
+    and a dashboard; open its model to batch transform jobs, and add the asynchronous
+    endpoint when `settings.async_endpoint` is set."""
 
     def __init__(
         self,
@@ -70,14 +86,15 @@ class DecisionEndpointStack(Stack):
             gpu=settings.uses_gpu,
             instance_types=settings.instance_pools,
         )
+        image = EcrImage(
+            repository_name=image_build.repository.repository_name,
+            digest=self.image.output(IMAGE_DIGEST_VARIABLE),
+        )
         self.endpoint = SageMakerEndpoint(
             self,
             "Decision",
             endpoint_name=endpoint_name,
-            image=EcrImage(
-                repository_name=image_build.repository.repository_name,
-                digest=self.image.output(IMAGE_DIGEST_VARIABLE),
-            ),
+            image=image,
             model=model,
             environment=settings.container_environment(),
             placement=settings.placement,
@@ -104,11 +121,25 @@ class DecisionEndpointStack(Stack):
             thresholds=settings.signal_alarms,
             topic=alarm_topic,
         )
+        self.endpoint.allow_batch_transform(
+            input_prefix=BATCH_INPUT_PREFIX, output_prefix=BATCH_OUTPUT_PREFIX
+        )
+        self.async_endpoint: SageMakerEndpoint | None = None
+        async_alarms: list[cloudwatch.Alarm] = []
+        if settings.async_endpoint is not None:
+            self.async_endpoint, async_alarms = self._add_async_endpoint(
+                endpoint_name=f"{endpoint_name}{ASYNC_SUFFIX}",
+                settings=settings,
+                image=image,
+                model=model,
+                network=network,
+                alarm_topic=alarm_topic,
+            )
         DecisionDashboard(
             self,
             "Dashboard",
             endpoint_name=endpoint_name,
-            alarms=[*alarms.alarms, *signals.alarms],
+            alarms=[*alarms.alarms, *signals.alarms, *async_alarms],
         )
         self.check = EndpointCheck(
             self,
@@ -120,6 +151,110 @@ class DecisionEndpointStack(Stack):
         )
         # The build's own IMAGE_URI: the same image, without an output of an import.
         _outputs(self, "Decision", self.endpoint, self.check, self.image.output(IMAGE_URI_VARIABLE))
+        self._batch_outputs(model)
+
+    def _batch_outputs(self, model: ModelArtifact) -> None:
+        """What `semif batch submit` needs: the model a transform job runs (the current
+        one: a blue/green update that replaces the model changes this output too), where
+        its input and output go, and the key both are encrypted with."""
+        CfnOutput(
+            self,
+            "DecisionModelName",
+            value=self.endpoint.model.attr_model_name,
+            description="the decision endpoint's current SageMaker model; batch transform "
+            "jobs run on it",
+        )
+        CfnOutput(self, "BatchInputPrefix", value=model.s3_uri(BATCH_INPUT_PREFIX))
+        CfnOutput(self, "BatchOutputPrefix", value=model.s3_uri(BATCH_OUTPUT_PREFIX))
+        CfnOutput(
+            self,
+            "ArtifactKeyArn",
+            value=model.key.key_arn,
+            description="the KMS key of the artifact bucket (transform output KmsKeyId)",
+        )
+
+    def _add_async_endpoint(
+        self,
+        *,
+        endpoint_name: str,
+        settings: DecisionEndpointSettings,
+        image: EcrImage,
+        model: ModelArtifact,
+        network: NetworkSettings | None,
+        alarm_topic: sns.ITopic,
+    ) -> tuple[SageMakerEndpoint, list[cloudwatch.Alarm]]:
+        """The asynchronous endpoint: the decision image and model with the async deadline
+        and body limit, answers and failures in S3, outcomes on two topics, scaled on its
+        queue from zero. No post-deploy check (`EndpointCheck` invokes synchronously, which
+        an asynchronous endpoint refuses), no dashboard or PromQL alarms (no detailed
+        observability), and no DeploymentConfig: SageMaker's documentation lists no
+        asynchronous support for deployment guardrails, and the rollback alarms would watch
+        5XX and latency, which mean nothing for an invocation that runs for minutes; an
+        update is then SageMaker's default blue/green, all at once."""
+        async_settings = settings.async_endpoint
+        assert async_settings is not None
+        topics = {
+            outcome: encrypted_topic(
+                self,
+                f"Async{outcome}Topic",
+                key=model.key,
+                display_name=f"{endpoint_name} {outcome.lower()}",
+            )
+            for outcome in ("Success", "Error")
+        }
+        endpoint = SageMakerEndpoint(
+            self,
+            "Async",
+            endpoint_name=endpoint_name,
+            image=image,
+            model=model,
+            environment=settings.async_container_environment(),
+            placement=settings.placement,
+            # SageMaker's least; autoscaling takes it to zero once the queue is empty.
+            initial_instance_count=1,
+            startup_timeout_seconds=settings.startup_timeout_seconds,
+            network=network,
+            rollout=None,
+            rollback_alarms=[],
+            log_key=model.key,
+            async_inference=AsyncInference(
+                input_prefix=ASYNC_INPUT_PREFIX,
+                output_prefix=ASYNC_OUTPUT_PREFIX,
+                failure_prefix=ASYNC_FAILURE_PREFIX,
+                success_topic=topics["Success"],
+                error_topic=topics["Error"],
+                invocations_per_instance=settings.async_invocations_per_instance,
+            ),
+        )
+        AsyncEndpointAutoscaling(
+            self,
+            "AsyncScaling",
+            endpoint=endpoint,
+            max_capacity=async_settings.max_capacity,
+            target_backlog_per_instance=async_settings.target_backlog_per_instance,
+            startup_seconds=settings.startup_timeout_seconds,
+        )
+        alarms = AsyncEndpointAlarms(
+            self,
+            "AsyncAlarms",
+            endpoint_name=endpoint_name,
+            max_oldest_request_age_seconds=async_settings.max_oldest_request_age_seconds,
+            thresholds=settings.alarms,
+            topic=alarm_topic,
+            gpu=settings.uses_gpu,
+        )
+        CfnOutput(self, "AsyncEndpointName", value=endpoint_name)
+        CfnOutput(
+            self,
+            "AsyncInputPrefix",
+            value=model.s3_uri(ASYNC_INPUT_PREFIX),
+            description="upload each request here; InvokeEndpointAsync's InputLocation",
+        )
+        CfnOutput(self, "AsyncOutputPrefix", value=model.s3_uri(ASYNC_OUTPUT_PREFIX))
+        CfnOutput(self, "AsyncFailurePrefix", value=model.s3_uri(ASYNC_FAILURE_PREFIX))
+        CfnOutput(self, "AsyncSuccessTopicArn", value=topics["Success"].topic_arn)
+        CfnOutput(self, "AsyncErrorTopicArn", value=topics["Error"].topic_arn)
+        return endpoint, alarms.alarms
 
 
 class StandardEndpointStack(Stack):

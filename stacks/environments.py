@@ -16,6 +16,7 @@ from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
 from model_build.embedded import SMOLLM2
 from stacks.config import (
     CANARY_ONE_INSTANCE,
+    AsyncEndpointSettings,
     ConfigError,
     DecisionEndpointSettings,
     DlcImages,
@@ -63,6 +64,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                     threads=8,
                     gpu_layers=0,
                     autoscaling=Autoscaling(min_capacity=1, max_capacity=2),
+                    async_endpoint=AsyncEndpointSettings(),
                 ),
                 standard=StandardEndpointSettings(
                     placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),

@@ -146,6 +146,7 @@ class Scheduler:
         # Seconds a priced row takes, measured over recent passes; None until one ran.
         self._row_seconds: float | None = None
         self._request_rows: float | None = None  # what an admitted request is charged
+        self._pass_charge = 0  # rows the pass being scored takes off the backlog (worker)
         self._line = RetryLine(
             horizon_s=MAX_RETRY_AFTER_S,
             grace_s=RETURN_GRACE_S,
@@ -159,6 +160,29 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         return len(self._queue) + len(self._chats)
+
+    def backlog_rows(self) -> int:
+        """Rows of scoring work queued or under way, as the layout charges them."""
+        with self._condition:
+            return sum(job.price.charge(job.done) for job in self._queue)
+
+    def ready_rows(self) -> int:
+        """The backlog less the pass being scored: the work ready for the passes after it."""
+        return max(0, self.backlog_rows() - self._pass_charge)
+
+    def wants_work(self) -> bool:
+        """Whether a caller with much work to give (a JSON Lines body, adapter/lines.py)
+        should add a request now: while less than a pass of rows is ready behind the pass
+        being scored and (once a pass has measured the speed) it takes less than half the
+        queue timeout. The next pass is then full when it starts, and what is added starts
+        within its queue timeout, one pass or two after it arrived. More would only wait:
+        requests take turns pass by pass, so a queue of many would all finish late, past
+        their deadlines."""
+        rows = self.ready_rows()
+        if rows >= self.pass_rows:
+            return False
+        per_row = self._row_seconds
+        return per_row is None or rows * per_row < self.queue_timeout_seconds / 2
 
     def check_room(self, retry_token: str | None = None) -> None:
         """Refuse now what `submit` would refuse now (a full queue, more work ahead than a
@@ -407,6 +431,9 @@ class Scheduler:
         for job, _, _ in batch:
             if job.started is None:
                 job.started = started
+        # What this pass takes off the backlog (`ready_rows`), until it ends.
+        charge = sum(job.price.charge(start) - job.price.charge(end) for job, start, end in batch)
+        self._pass_charge = charge
         try:
             scores, timing = self.engine.score(
                 prompts,
@@ -416,6 +443,7 @@ class Scheduler:
                 boundaries=boundaries,
             )
         except Exception as error:  # the worker outlives any one pass
+            self._pass_charge = 0
             failure = self._failure(error)
             with self._condition:
                 for job, _, _ in batch:
@@ -426,8 +454,7 @@ class Scheduler:
         if self._on_pass is not None:
             self._on_pass(len(batch), len(prompts), timing)
         self._pass_seconds = 0.8 * self._pass_seconds + 0.2 * seconds
-        priced = sum(job.price.charge(start) - job.price.charge(end) for job, start, end in batch)
-        priced = max(priced, 1)
+        priced = max(charge, 1)
         per_row = seconds / priced
         self._row_seconds = (
             per_row if self._row_seconds is None else 0.8 * self._row_seconds + 0.2 * per_row
@@ -452,6 +479,7 @@ class Scheduler:
                 finished.append(job)
             elif (reason := self._cannot_finish(job, time.monotonic())) is not None:
                 hopeless.append((job, reason))
+        self._pass_charge = 0  # the jobs' `done` now counts it
         ended = finished + [job for job, _ in hopeless]
         with self._condition:
             for job in ended:

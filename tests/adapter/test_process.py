@@ -220,6 +220,9 @@ def test_readme_main_job_end_to_end(tmp_path: Path) -> None:
     assert "shared-decisions.json: 3 decision(s)" in out
     for decision_id in ("support-route", "queue", "priority", "refund"):
         assert f"  {decision_id} " in out
+    assert "tickets.jsonl (offline batch, semif batch local): 13 lines answered: no errors" in out
+    answers = (REPO / ".models" / "tickets-answers.jsonl").read_text().splitlines()
+    assert [json.loads(line)["line"] for line in answers] == list(range(13))
 
 
 # Imported by every Python process on its path: kills `serve` by signal at start, as a

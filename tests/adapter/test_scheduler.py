@@ -548,3 +548,32 @@ def test_11_a_request_that_cannot_end_in_time_is_stopped_after_its_first_pass(
     finally:
         engine.release.set()
         assert scheduler.close(10)
+
+
+def test_12_the_backlog_counts_the_rows_still_to_score(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a JSON Lines body reads before it adds work (adapter/lines.py): the rows of every
+    queued request not yet scored, as the layout charges them, nothing once all are done;
+    and it wants more only while those not in the pass being scored take less than half
+    the queue timeout (0.5 s here, at the measured 100 rows a second)."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=True, queue_timeout=1.0)
+    clock = engine.clock
+    try:
+        assert scheduler.wants_work()  # no speed measured: the rows alone decide
+        _measure_then_hold(scheduler, engine)
+        assert scheduler.backlog_rows() == 0
+        jobs = [scheduler.submit([_prompt(1, 40)], [()], clock.monotonic() + 1000, Cancellation())]
+        assert engine.entered.wait(10)  # its pass is being scored (and held)
+        assert (scheduler.backlog_rows(), scheduler.ready_rows()) == (40, 0)
+        assert scheduler.wants_work()
+        jobs.append(
+            scheduler.submit([_prompt(2, 60)], [()], clock.monotonic() + 1000, Cancellation())
+        )
+        assert (scheduler.backlog_rows(), scheduler.ready_rows()) == (100, 60)
+        assert not scheduler.wants_work()  # 0.6 s ready behind the pass
+        engine.release.set()
+        for job in jobs:
+            job.future.result(10)
+        assert scheduler.backlog_rows() == 0
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)

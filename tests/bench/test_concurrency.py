@@ -41,6 +41,7 @@ from bench.peer_server import PeerBuildError, locked_pin
 from bench.workload import MAX_MANY, concurrent_decisions, many_questions
 from client.decision_client import (
     CUSTOM_ATTRIBUTES_HEADER,
+    JSON,
     BusyError,
     RetryPolicy,
     UnreachableError,
@@ -382,7 +383,8 @@ class ScriptedTransport:
         self.script = list(script)
         self.closed = False
 
-    def post(self, body: bytes, retry_token: str | None = None) -> object:
+    def post(self, body: bytes, retry_token: str | None = None, content_type: str = JSON) -> object:
+        assert content_type == JSON
         assert "decision" in json.loads(body)
         answer = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(answer, Exception):
@@ -517,9 +519,9 @@ def test_head_of_line_is_read_in_passes_of_the_long_request() -> None:
 
 
 class Clocked(ScriptedTransport):
-    def post(self, body: bytes, retry_token: str | None = None) -> object:
+    def post(self, body: bytes, retry_token: str | None = None, content_type: str = JSON) -> object:
         self.sent = time.perf_counter()
-        return super().post(body)
+        return super().post(body, retry_token, content_type)
 
 
 SMALL_ANSWER = {"result": {"input_tokens": 117}, "timing": {"queue_seconds": 0.2}}

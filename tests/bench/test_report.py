@@ -46,6 +46,7 @@ FIGURES = (
 MAY_BE_ZERO = ("concurrency_client_failure_time_c8",)
 # The smoke run uses llama-server only when a full run has built it (minutes of compiling).
 LLAMA_SERVER_FIGURES = ("peer_throughput_c4", "peer_p95_c4")
+OFFLINE_FIGURES = ("offline_vs_limit", "offline_vs_online")
 
 
 def test_goals_and_verdicts() -> None:
@@ -182,8 +183,9 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
         else ()
     )
     expected = tuple(key for key in FIGURES if key not in skipped)
-    assert tuple(report["figures"]) == expected + (
-        LLAMA_SERVER_FIGURES if with_llama_server else ()
+    assert (
+        tuple(report["figures"])
+        == expected + (LLAMA_SERVER_FIGURES if with_llama_server else ()) + OFFLINE_FIGURES
     )
     for key, figure in report["figures"].items():
         for field in ("measured", "reference", "ratio"):
@@ -238,6 +240,11 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     else:
         assert concurrency["peer_skipped"] == "--smoke and no llama-server built yet"
     assert (tmp_path / "bench-report-concurrency.png").read_bytes().startswith(b"\x89PNG")
+    # Offline: every line of the file answered on both paths (3 states x 3 questions).
+    offline = report["offline"]
+    assert offline["lines"] == 9
+    assert offline["batch_errors"] == 0
+    assert offline["details"]["batch_statuses"] == {"200": 9}
 
 
 def test_run_selection_flags_that_contradict_are_refused(

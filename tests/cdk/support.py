@@ -135,6 +135,47 @@ def statements(template: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any
                 yield name, statement
 
 
+def scaling_alarms(template: Mapping[str, Any]) -> set[str]:
+    """The alarms that trigger a scaling policy (an asynchronous endpoint's start from zero),
+    not a notification."""
+    policies = {
+        name for name, _ in resources(template, "AWS::ApplicationAutoScaling::ScalingPolicy")
+    }
+    return {
+        name
+        for name, alarm in resources(template, "AWS::CloudWatch::Alarm")
+        if any(
+            isinstance(action, dict) and action.get("Ref") in policies
+            for action in alarm["Properties"]["AlarmActions"]
+        )
+    }
+
+
+def notifying_alarms(template: Mapping[str, Any]) -> Template:
+    """The template's alarms that notify, as a Template of their own (for
+    `all_resources_properties`)."""
+    scaling = scaling_alarms(template)
+    return Template.from_json(
+        {
+            "Resources": {
+                name: alarm
+                for name, alarm in resources(template, "AWS::CloudWatch::Alarm")
+                if name not in scaling
+            }
+        }
+    )
+
+
+def realtime_endpoint(template: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The one real-time endpoint of an endpoint stack (not the `-async` one)."""
+    ((name, endpoint),) = [
+        (name, endpoint)
+        for name, endpoint in resources(template, "AWS::SageMaker::Endpoint")
+        if not endpoint["Properties"]["EndpointName"].endswith("-async")
+    ]
+    return name, endpoint
+
+
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 

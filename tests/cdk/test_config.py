@@ -21,6 +21,7 @@ from model_build.calibration import load_calibration
 from model_build.manifest import calibration_sha256
 from stacks.config import (
     REPO_ROOT,
+    AsyncEndpointSettings,
     ConfigError,
     DecisionEndpointSettings,
     EnvironmentConfig,
@@ -380,3 +381,77 @@ def test_prefix_aware_routing_needs_two_instances_and_follows_the_batch() -> Non
 def test_metrics_and_routing_props_take_only_what_sagemaker_takes(props: Any, message: str) -> None:
     with pytest.raises(PropsError, match=message):
         props()
+
+
+# --- the asynchronous endpoint ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_capacity": 0}, "max_capacity: 0 < 1"),
+        ({"target_backlog_per_instance": 0}, "target_backlog_per_instance: 0 must be > 0"),
+        ({"request_timeout_seconds": 0.5}, r"request_timeout_seconds: 0\.5 is outside 1\.\.3600"),
+        ({"request_timeout_seconds": 3601}, r"request_timeout_seconds: 3601 is outside 1\.\.3600"),
+        (
+            {"max_payload_bytes": (1 << 20) - 1},
+            r"max_payload_bytes: 1048575 is outside 1048576\.\.1073741824",
+        ),
+        ({"max_payload_bytes": (1 << 30) + 1}, "max_payload_bytes: 1073741825 is outside"),
+        ({"max_oldest_request_age_seconds": 59}, "max_oldest_request_age_seconds: 59 is outside"),
+        (
+            {"max_oldest_request_age_seconds": 21601},
+            r"max_oldest_request_age_seconds: 21601 is outside 60\.\.21600",
+        ),
+    ],
+)
+def test_async_endpoint_rules(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^decision\.async_endpoint\.{message}"):
+        AsyncEndpointSettings(**overrides)
+
+
+def test_async_bounds_are_inclusive() -> None:
+    low = AsyncEndpointSettings(
+        request_timeout_seconds=1, max_payload_bytes=1 << 20, max_oldest_request_age_seconds=60
+    )
+    assert _decision(queue_timeout_seconds=1, async_endpoint=low).async_endpoint == low
+    high = AsyncEndpointSettings(max_oldest_request_age_seconds=21600)
+    assert high.request_timeout_seconds == 3600
+    assert high.max_payload_bytes == 1 << 30
+
+
+def test_async_deadline_covers_the_queue_wait() -> None:
+    short = AsyncEndpointSettings(request_timeout_seconds=20)
+    with pytest.raises(
+        ConfigError,
+        match=r"^decision\.async_endpoint\.request_timeout_seconds: 20 is below "
+        r"decision\.queue_timeout_seconds \(30\)",
+    ):
+        _decision(queue_timeout_seconds=30, request_timeout_seconds=40, async_endpoint=short)
+
+
+def test_async_environment_lifts_the_deadline_and_sets_the_body_limit() -> None:
+    """The real-time rule (55 s) stays on the real-time endpoint; the asynchronous one
+    gets its own deadline and the JSON Lines body limit, the rest unchanged."""
+    settings = _decision(async_endpoint=AsyncEndpointSettings(max_payload_bytes=64 << 20))
+    assert settings.async_container_environment() == {
+        **settings.container_environment(),
+        "SEMIF_REQUEST_TIMEOUT_S": "3600.0",
+        "SEMIF_MAX_LINES_BYTES": str(64 << 20),
+    }
+    assert settings.container_environment()["SEMIF_REQUEST_TIMEOUT_S"] == "50.0"
+    with pytest.raises(ConfigError, match=r"^decision\.async_endpoint: not set"):
+        _decision().async_container_environment()
+
+
+@pytest.mark.parametrize(("max_batch_requests", "invocations"), [(1, 1), (2, 2), (32, 2), (256, 2)])
+def test_async_instances_take_two_files_at_once(max_batch_requests: int, invocations: int) -> None:
+    """One file fills the passes; a second covers its gaps; serial scoring takes one."""
+    settings = _decision(max_batch_requests=max_batch_requests)
+    assert settings.async_invocations_per_instance == invocations
+
+
+def test_only_dev_ships_an_async_endpoint() -> None:
+    assert ENVIRONMENTS["dev"].decision.async_endpoint == AsyncEndpointSettings()
+    assert ENVIRONMENTS["prod"].decision.async_endpoint is None
+    assert ENVIRONMENTS["gpu"].decision.async_endpoint is None

@@ -16,7 +16,15 @@ from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
 from stacks.config import EndpointKind
 from stacks.deployment import endpoint_name
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import Synth, as_list, import_value, logical_id, resources, statements
+from tests.cdk.support import (
+    Synth,
+    as_list,
+    import_value,
+    logical_id,
+    resources,
+    scaling_alarms,
+    statements,
+)
 
 
 def _model_data_url(env: str) -> dict[str, Any]:
@@ -63,8 +71,10 @@ def test_decision_model_serves_the_built_digest_with_network_isolation(
 ) -> None:
     template = synth.template(env, "decision")
     build_id = Capture()
-    template.resource_count_is("AWS::SageMaker::Model", 1)
-    template.has_resource_properties(
+    # dev also serves the same digest and artifact asynchronously (its second model).
+    models = 2 if ENVIRONMENTS[env].decision.async_endpoint else 1
+    template.resource_count_is("AWS::SageMaker::Model", models)
+    template.all_resources_properties(
         "AWS::SageMaker::Model",
         {
             "EnableNetworkIsolation": True,
@@ -237,7 +247,7 @@ def test_gpu_endpoint_config_uses_ordered_instance_pools_and_the_cuda_ami(synth:
 def test_decision_endpoint_name_and_outputs(synth: Synth) -> None:
     template = synth.template("dev", "decision")
     name = endpoint_name(ENVIRONMENTS["dev"], EndpointKind.DECISION)
-    template.resource_count_is("AWS::SageMaker::Endpoint", 1)
+    template.resource_count_is("AWS::SageMaker::Endpoint", 2)  # and f"{name}-async"
     template.has_resource_properties("AWS::SageMaker::Endpoint", {"EndpointName": name})
     template.has_output("DecisionEndpointName", {"Value": name})
     build_id = logical_id(template.to_json(), "Custom::DeployTimeBuild")
@@ -248,13 +258,16 @@ def test_decision_endpoint_name_and_outputs(synth: Synth) -> None:
 
 
 def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth: Synth) -> None:
+    """Of the bucket, the role reads the model object and the batch input only and writes
+    only the batch output (test_offline_batches.py); the rest is the endpoint's own."""
     template = synth.template("dev", "decision")
     raw = template.to_json()
     role_policies = [
         s for logical_id, s in statements(raw) if logical_id.startswith("DecisionExecutionRole")
     ]
-    actions = {action for s in role_policies for action in as_list(s["Action"])}
-    assert not any(action.startswith("s3:Put") for action in actions)
+    written = [s["Resource"] for s in role_policies if "s3:PutObject" in as_list(s["Action"])]
+    assert json.dumps(written).count("/batch/output/*") == 1
+    assert json.dumps(written).count("Fn::ImportValue") == 1
     key = model_object_key(ENVIRONMENTS["dev"].model.sha256)
     (log_group_id,) = template.find_resources(
         "AWS::Logs::LogGroup",
@@ -263,15 +276,20 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
     expected: list[dict[str, Any]] = [
         {
             "Action": "s3:GetObject",
-            "Resource": {
-                "Fn::Join": [
-                    "",
-                    [import_value("semif-dev-artifact", "ArtifactsBucket"), f"/{key}"],
+            "Resource": Match.array_with(
+                [
+                    {
+                        "Fn::Join": [
+                            "",
+                            [import_value("semif-dev-artifact", "ArtifactsBucket"), f"/{key}"],
+                        ]
+                    }
                 ]
-            },
+            ),
         },
         {
-            "Action": "kms:Decrypt",
+            # Reading the model, and the batch objects (GenerateDataKey: writing them).
+            "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
             "Condition": Match.exact(
                 {
                     "StringEquals": {
@@ -333,7 +351,9 @@ def test_decision_autoscaling_tracks_concurrency_below_one_batch(synth: Synth, e
     target = math.ceil(0.75 * settings.max_batch_requests)
     assert settings.target_concurrency == target
     template = synth.template(env, "decision")
-    template.resource_count_is("AWS::ApplicationAutoScaling::ScalableTarget", 1)
+    # dev: also the asynchronous endpoint's target, tracking and start from zero.
+    extra = 1 if settings.async_endpoint else 0
+    template.resource_count_is("AWS::ApplicationAutoScaling::ScalableTarget", 1 + extra)
     template.has_resource_properties(
         "AWS::ApplicationAutoScaling::ScalableTarget",
         {
@@ -343,7 +363,7 @@ def test_decision_autoscaling_tracks_concurrency_below_one_batch(synth: Synth, e
             "MaxCapacity": scaling.max_capacity,
         },
     )
-    template.resource_count_is("AWS::ApplicationAutoScaling::ScalingPolicy", 1)
+    template.resource_count_is("AWS::ApplicationAutoScaling::ScalingPolicy", 1 + 2 * extra)
     template.has_resource_properties(
         "AWS::ApplicationAutoScaling::ScalingPolicy",
         {
@@ -507,8 +527,9 @@ def test_decision_dashboard_shows_the_endpoint_its_alarms_and_its_signals(
         dimensions == ["EndpointName", name, "VariantName", "AllTraffic"]
         for dimensions in graphed.values()
     )
+    # Every alarm of the stack (the asynchronous endpoint's too) but the scaling trigger.
     alarms = {logical for logical, _ in resources(raw, "AWS::CloudWatch::Alarm")}
-    assert sorted(named) == sorted(alarms)
+    assert sorted(named) == sorted(alarms - scaling_alarms(raw))
     (text,) = (w["properties"]["markdown"] for w in body["widgets"] if w["type"] == "text")
     queries = re.findall(r"`([^`]*semif_[^`]*)`", text)
     assert len(queries) == 7

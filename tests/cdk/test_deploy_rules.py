@@ -254,11 +254,13 @@ def test_vpc_models_and_scoped_eni_permissions(tmp_path: Path) -> None:
     templates = _vpc_synth(tmp_path)
     for unit in ("decision", "standard"):
         template = templates[f"semif-dev-{unit}"]
-        ((_, model),) = resources(template, "AWS::SageMaker::Model")
-        assert model["Properties"]["VpcConfig"] == {
-            "SecurityGroupIds": ["sg-9c8d7e6f"],
-            "Subnets": ["subnet-1a2b3c4d", "subnet-5e6f7a8b"],
-        }
+        models = list(resources(template, "AWS::SageMaker::Model"))
+        assert len(models) == (2 if unit == "decision" else 1)  # dev: the async one too
+        for _, model in models:
+            assert model["Properties"]["VpcConfig"] == {
+                "SecurityGroupIds": ["sg-9c8d7e6f"],
+                "Subnets": ["subnet-1a2b3c4d", "subnet-5e6f7a8b"],
+            }
         eni = [
             s
             for name, s in statements(template)

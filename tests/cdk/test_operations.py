@@ -14,7 +14,16 @@ from aws_cdk.assertions import Match, Template
 from cdk_constructs.sagemaker_endpoint import GpuPlacement
 from stacks.config import AlarmNotifications
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import ALL_STACKS, Synth, resources, statements, synthesize_environment
+from tests.cdk.support import (
+    ALL_STACKS,
+    Synth,
+    notifying_alarms,
+    realtime_endpoint,
+    resources,
+    scaling_alarms,
+    statements,
+    synthesize_environment,
+)
 
 ENDPOINT_STACKS = [name for name in ALL_STACKS if name.endswith(("-decision", "-standard"))]
 
@@ -26,9 +35,14 @@ def _env(stack: str) -> str:
 @pytest.mark.parametrize("stack", ENDPOINT_STACKS)
 def test_updates_keep_the_instance_count_and_roll_back_on_alarms(synth: Synth, stack: str) -> None:
     raw = synth.templates[stack]
-    ((_, endpoint),) = resources(raw, "AWS::SageMaker::Endpoint")
+    for _, endpoint in resources(raw, "AWS::SageMaker::Endpoint"):
+        # Every endpoint keeps its count; the asynchronous one has no DeploymentConfig
+        # (SageMaker's default update, see endpoint_stacks._add_async_endpoint).
+        assert endpoint["Properties"]["RetainAllVariantProperties"] is True
+        is_async = endpoint["Properties"]["EndpointName"].endswith("-async")
+        assert ("DeploymentConfig" in endpoint["Properties"]) != is_async
+    _, endpoint = realtime_endpoint(raw)
     props = endpoint["Properties"]
-    assert props["RetainAllVariantProperties"] is True
     policy = props["DeploymentConfig"]["BlueGreenUpdatePolicy"]
     settings = ENVIRONMENTS[_env(stack)]
     rollout = (settings.decision if stack.endswith("decision") else settings.standard).rollout
@@ -71,10 +85,11 @@ def test_every_alarm_notifies_the_environment_topic(synth: Synth, stack: str) ->
     template = synth.templates[stack]
     alarms = list(resources(template, "AWS::CloudWatch::Alarm"))
     assert alarms
-    matcher = Template.from_json(template)
-    matcher.all_resources_properties(
+    notifying_alarms(template).all_resources_properties(
         "AWS::CloudWatch::Alarm", {"AlarmActions": [topic], "OKActions": [topic]}
     )
+    # Only the asynchronous endpoint's start from zero acts on scaling, not on the topic.
+    assert len(scaling_alarms(template)) == (stack == "semif-dev-decision")
 
 
 @pytest.mark.parametrize("env", sorted(ENVIRONMENTS))
@@ -125,8 +140,10 @@ def test_alarm_email_and_existing_topic(tmp_path: Path) -> None:
     assembly = synthesize_environment(existing, tmp_path / "topic")
     artifact = Template.from_json(assembly.get_stack_by_name("semif-dev-artifact").template)
     artifact.resource_count_is("AWS::SNS::Topic", 0)
-    decision = Template.from_json(assembly.get_stack_by_name("semif-dev-decision").template)
-    decision.all_resources_properties("AWS::CloudWatch::Alarm", {"AlarmActions": [arn]})
+    decision = assembly.get_stack_by_name("semif-dev-decision").template
+    notifying_alarms(decision).all_resources_properties(
+        "AWS::CloudWatch::Alarm", {"AlarmActions": [arn]}
+    )
 
 
 def test_gpu_placements_alarm_on_gpu_memory(synth: Synth) -> None:
@@ -149,8 +166,9 @@ def test_post_deploy_check_invokes_the_endpoint_once_it_exists(
     synth: Synth, stack: str, probe: str
 ) -> None:
     raw = synth.templates[stack]
-    ((endpoint_id, endpoint),) = resources(raw, "AWS::SageMaker::Endpoint")
-    ((config_id, _),) = resources(raw, "AWS::SageMaker::EndpointConfig")
+    endpoint_id, endpoint = realtime_endpoint(raw)
+    config_id = endpoint["Properties"]["EndpointConfigName"]["Fn::GetAtt"][0]
+    # One check: the asynchronous endpoint refuses a synchronous InvokeEndpoint.
     ((_, check),) = resources(raw, "Custom::EndpointCheck")
     assert endpoint_id in check["DependsOn"]
     assert check["Properties"]["Probe"] == probe
@@ -212,13 +230,16 @@ def test_service_trust_has_confused_deputy_conditions(
 @pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
 def test_scaling_uses_the_service_linked_role(synth: Synth, env: str) -> None:
     raw = synth.raw(env, "decision")
-    ((_, target),) = resources(raw, "AWS::ApplicationAutoScaling::ScalableTarget")
-    assert "RoleARN" not in target["Properties"]
-    assert not [name for name, _ in resources(raw, "AWS::IAM::Role") if name.startswith("Scaling")]
+    targets = list(resources(raw, "AWS::ApplicationAutoScaling::ScalableTarget"))
+    assert len(targets) == (2 if ENVIRONMENTS[env].decision.async_endpoint else 1)
+    for _, target in targets:
+        assert "RoleARN" not in target["Properties"]
+    roles = [name for name, _ in resources(raw, "AWS::IAM::Role")]
+    assert not [name for name in roles if name.startswith(("Scaling", "AsyncScaling"))]
 
 
 def _rollback_alarm_descriptions(raw: dict[str, Any]) -> list[str]:
-    ((_, endpoint),) = resources(raw, "AWS::SageMaker::Endpoint")
+    _, endpoint = realtime_endpoint(raw)
     alarms = endpoint["Properties"]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
     return [
         raw["Resources"][alarm["AlarmName"]["Ref"]]["Properties"]["AlarmDescription"]

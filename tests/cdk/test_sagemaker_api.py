@@ -30,6 +30,9 @@ SAMPLES = {
     "EndpointConfigName": "semif-dev-decision-config-1a2b3c",
     "AlarmName": "semif-dev-decision-5xx-1a2b3c",
     "KmsKeyId": "arn:aws:kms:us-east-1:498765432107:key/0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d",
+    # An asynchronous endpoint's answer and failure paths, and its outcome topics.
+    "DestinationS3Uri": "s3://semif-artifacts/async/output/",
+    "SnsTopicArn": "arn:aws:sns:us-east-1:498765432107:semif-dev-decision-AsyncSuccessTopic-1A2B",
 }
 CFN_ONLY = {"Tags"}  # CloudFormation members not sent as API members here
 

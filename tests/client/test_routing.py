@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from adapter.settings import Settings
 from client.cli import main
-from client.decision_client import DecisionClient, SageMakerTransport, state_first
+from client.decision_client import JSON, DecisionClient, SageMakerTransport, state_first
 from stacks.config import ROUTING_PREFIX_BYTES
 from tests.client.scripted import OK, scripted_server
 from tests.support.serving import serving
@@ -152,7 +152,8 @@ class Router:
         self.by_prefix = by_prefix
         self.turn = 0
 
-    def post(self, body: bytes, retry_token: str | None = None) -> Any:
+    def post(self, body: bytes, retry_token: str | None = None, content_type: str = JSON) -> Any:
+        assert content_type == JSON
         if self.by_prefix:
             digest = hashlib.sha256(body[:ROUTING_PREFIX_BYTES]).digest()
             index = digest[0] % len(self.servers)

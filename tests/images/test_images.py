@@ -227,6 +227,28 @@ def test_metrics_check_needs_the_decision_calls_counted() -> None:
         image_smoke.check_metrics('semif_requests_total{api="chat",status="200"} 9.0\n', calls=1)
 
 
+def test_json_lines_check_wants_every_line_in_order() -> None:
+    answers: list[dict[str, Any]] = [
+        GOOD_RESULT,
+        GOOD_SHARED,
+        {"status": 400, "error": "invalid JSON"},
+    ]
+    good = "\n".join(json.dumps({**answer, "line": i}) for i, answer in enumerate(answers))
+    assert image_smoke.check_lines(good) == [200, 200, 400]
+    with pytest.raises(image_smoke.SmokeError, match="wrong lines"):
+        image_smoke.check_lines("\n".join(good.splitlines()[:2]))
+    with pytest.raises(image_smoke.SmokeError, match="not JSON Lines"):
+        image_smoke.check_lines('{"error": "x"')
+    assert image_smoke.lines_body().count(b"\n") == 3
+
+
+def test_execution_parameters_check() -> None:
+    answer = {"MaxConcurrentTransforms": 2, "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}
+    assert image_smoke.check_execution_parameters(answer) == answer
+    with pytest.raises(image_smoke.SmokeError):
+        image_smoke.check_execution_parameters({"error": "Not Found"})
+
+
 def test_backend_check_requires_the_expected_backend() -> None:
     assert image_smoke.check_backends({"status": "ok", "backends": ["CPU", "CUDA"]}, "CUDA") == [
         "CPU",
@@ -287,13 +309,21 @@ def test_main_runs_the_image_like_sagemaker_and_cleans_up(
         requests.append(url)
         if url.endswith("/ping"):
             return 200, {"status": "ok", "backends": backends}
+        if url.endswith("/execution-parameters"):
+            return 200, {"BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}
         if body == image_smoke.SHARED:
             return 200, GOOD_SHARED
         assert body == image_smoke.DECISION
         return 200, GOOD_RESULT
 
+    def post_lines(url: str) -> str:
+        requests.append(url + " lines")
+        answers: list[dict[str, Any]] = [GOOD_RESULT, GOOD_SHARED, {"status": 400}]
+        return "\n".join(json.dumps({**a, "line": i}) for i, a in enumerate(answers))
+
     monkeypatch.setattr(image_smoke, "docker", fake)
     monkeypatch.setattr(image_smoke, "request", request)
+    monkeypatch.setattr(image_smoke, "post_lines", post_lines)
 
     def scrape(url: str) -> str:
         requests.append(url)
@@ -320,7 +350,12 @@ def test_main_runs_the_image_like_sagemaker_and_cleans_up(
     assert "127.0.0.1::8080" in run
     assert "--gpus" not in run
     assert requests[0] == "http://127.0.0.1:49153/ping"
-    assert (requests[-1] == "http://127.0.0.1:49153") == (code == 0)  # scraped once it served
+    served = requests[-3:] == [
+        "http://127.0.0.1:49153",  # scraped once it served
+        "http://127.0.0.1:49153 lines",
+        "http://127.0.0.1:49153/execution-parameters",
+    ]
+    assert served == (code == 0)
     assert removed == [["docker", "rm", "--force", "c0ffee"]]
 
 
@@ -333,6 +368,14 @@ def test_smoke_checks_accept_the_real_adapter_answers(tiny_client: TestClient) -
     with pytest.raises(image_smoke.SmokeError, match="wrong results"):
         image_smoke.check_shared({"results": shared["results"][::-1], "timing": shared["timing"]})
     assert image_smoke.check_metrics(tiny_client.get("/metrics").text, calls=2) >= 2
+    lines = tiny_client.post(
+        "/invocations",
+        content=image_smoke.lines_body(),
+        headers={"content-type": "application/jsonlines"},
+    )
+    assert image_smoke.check_lines(lines.text) == [200, 200, 400]
+    parameters = tiny_client.get("/execution-parameters").json()
+    assert image_smoke.check_execution_parameters(parameters) == parameters
 
 
 @pytest.mark.parametrize(
