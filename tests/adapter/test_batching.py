@@ -105,10 +105,28 @@ def tiny(tiny_gguf: Path) -> LoadedModel:
     return open_test_model(tiny_gguf)
 
 
+def _hold_first_pass_until(service: DecisionService, waiting: int) -> None:
+    """Hold the engine's next pass until `waiting` requests are queued (the held one among
+    them), so that the requests behind it can only ride together: on a fast tiny model they
+    might otherwise arrive one pass at a time, and what the test shows would be timing."""
+    real_score = service.engine.score
+    scheduler = service.scheduler
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        service.engine.score = real_score  # type: ignore[method-assign]
+        deadline = time.monotonic() + 30
+        while scheduler.waiting < waiting and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return real_score(*args, **kwargs)
+
+    service.engine.score = held  # type: ignore[method-assign]
+
+
 def test_concurrent_requests_ride_together_and_match_serial(tiny: LoadedModel) -> None:
     service = _service(tiny)
     try:
         serial = [decide(service, [_decision(i)], "single") for i in range(8)]
+        _hold_first_pass_until(service, 8)
         with ThreadPoolExecutor(8) as pool:
             together = list(pool.map(lambda i: decide(service, [_decision(i)], "single"), range(8)))
         for alone, rode in zip(serial, together, strict=True):

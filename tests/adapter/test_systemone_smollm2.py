@@ -27,8 +27,16 @@ HEADERS = {"content-type": "application/json"}
 
 @pytest.fixture(scope="module")
 def client(smollm2_gguf: Path) -> Iterator[TestClient]:
-    # Three questions per request, yet a 255-option question's 27 sequences must fit.
-    settings = Settings(gguf_path=smollm2_gguf, max_tokens=2560, max_shared_decisions=3, threads=1)
+    # Three questions per request, yet a 255-option question's 27 sequences must fit. On one
+    # thread of a slow CPU that question takes about 45 s (2,200 rows), near the default 50 s
+    # SEMIF_REQUEST_TIMEOUT_S that admission would refuse it for (a 400): give it room.
+    settings = Settings(
+        gguf_path=smollm2_gguf,
+        max_tokens=2560,
+        max_shared_decisions=3,
+        threads=1,
+        request_timeout_seconds=300.0,
+    )
     with serving(settings) as served:
         yield served
 
