@@ -2,7 +2,8 @@
 
 Each API shapes its own wire format beside its parser (this module with adapter/schema.py,
 adapter/systemone.py, adapter/chat.py); the service (adapter/service.py) only renders,
-limits and scores. Every decision is read as a "choice" question.
+limits and scores. Every decision is read as a "choice" question, by letters or by
+likelihood (adapter.likelihood) as the policy or the server's default says.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from typing import Any
 from adapter.calibration import describe
 from adapter.cancel import Cancellation
 from adapter.ordering import Variants
-from adapter.prompts import PROMPT_VERSION, prompt_sha256
-from adapter.readout import READOUT
+from adapter.prompts import LIKELIHOOD_PROMPT_VERSION, PROMPT_VERSION, prompt_sha256
 from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy, decision_paths
 from adapter.service import DecisionService
 
@@ -31,8 +31,11 @@ def decide(
     """Score every decision in the policy's option order (adapter.ordering), all in one
     batch: a shared prefix, and every debiased rotation, is evaluated once. `retry_token`
     is the caller's place in the retry line (DecisionService.score)."""
-    order = policy.option_order or service.option_order
-    variants = [Variants.of(d, "choice", order, service.calibration) for d in decisions]
+    choice = policy.readout_choice(service.readout)
+    # Read by likelihood, options are always listed in the content-derived order.
+    order = "canonical" if choice.likelihood else policy.option_order or service.option_order
+    variants = [Variants.of(d, "choice", order, service.calibration, choice) for d in decisions]
+    version = LIKELIHOOD_PROMPT_VERSION if choice.likelihood else PROMPT_VERSION
     paths = decision_paths(mode, len(decisions))
     readings, batch = service.read_variants(variants, paths, cancel, retry_token=retry_token)
     results = []
@@ -57,8 +60,10 @@ def decide(
                 "calibration": describe(service.calibration, variant.correction),
                 "input_tokens": reading.input_tokens,
                 "prompt_sha256": prompt_sha256(reading.prompt),
-                "prompt_version": PROMPT_VERSION,
-                "readout": READOUT,
+                "prompt_version": version,
+                "readout": choice.method,
+                "normalization": choice.normalization if choice.likelihood else None,
+                "readout_detail": choice.describe(),
                 "timing": {
                     "prompts": reading.prompts,
                     "evaluated_tokens": reading.input_tokens - reused,

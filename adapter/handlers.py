@@ -41,7 +41,8 @@ async def decide(
     runtime: Runtime, body: Any, request_id: str, cancel: Cancellation, retry_token: str | None
 ) -> Result:
     """The decision API: one decision, or a shared-state batch scored as branches."""
-    request = parse_decision_body(body, runtime.settings.max_shared_decisions)
+    settings = runtime.settings
+    request = parse_decision_body(body, settings.max_shared_decisions, settings.readout)
     return await decide_parsed(runtime, request, request_id, cancel, retry_token)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from adapter import handlers
 from adapter.errors import ApiError, RequestError
+from adapter.likelihood import Readout
 from adapter.schema import DecisionRequest, Policy, parse_decision_body
 from adapter.systemone import SystemOneRequest, parse_systemone
 
@@ -52,8 +53,9 @@ class Plan:
     errors: dict[int, ApiError]  # line -> its own answer
 
 
-def plan(lines: Sequence[Any], max_shared: int) -> Plan:
-    """Group parsed lines (each a JSON value, or the ApiError its parsing raised)."""
+def plan(lines: Sequence[Any], max_shared: int, default_readout: Readout = "letters") -> Plan:
+    """Group parsed lines (each a JSON value, or the ApiError its parsing raised); a
+    decision line without a readout is read with the server's `default_readout`."""
     errors: dict[int, ApiError] = {}
     starts: list[tuple[int, Group | list[_Open]]] = []  # by first line
     buckets: dict[tuple[str, Policy], list[_Open]] = {}
@@ -62,7 +64,7 @@ def plan(lines: Sequence[Any], max_shared: int) -> Plan:
             errors[index] = line
             continue
         try:
-            request = _parse(line, max_shared)
+            request = _parse(line, max_shared, default_readout)
         except ApiError as error:
             errors[index] = error
             continue
@@ -86,7 +88,9 @@ def plan(lines: Sequence[Any], max_shared: int) -> Plan:
     return Plan(groups, errors)
 
 
-def _parse(line: Any, max_shared: int) -> DecisionRequest | SystemOneRequest:
+def _parse(
+    line: Any, max_shared: int, default_readout: Readout
+) -> DecisionRequest | SystemOneRequest:
     api = handlers.select_api(line)
     if api == "systemone":
         return parse_systemone(line, max_shared)
@@ -94,7 +98,7 @@ def _parse(line: Any, max_shared: int) -> DecisionRequest | SystemOneRequest:
         raise RequestError(
             "messages", "chat completions are not answered in JSON Lines; send each alone"
         )
-    return parse_decision_body(line, max_shared)
+    return parse_decision_body(line, max_shared, default_readout)
 
 
 def _place(bucket: list[_Open], index: int, request: DecisionRequest, max_shared: int) -> None:

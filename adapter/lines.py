@@ -169,7 +169,7 @@ class _Body:
         self.runtime = runtime
         self.request_id = request_id
         settings = runtime.settings
-        self.plan = plan(lines, settings.max_shared_decisions)
+        self.plan = plan(lines, settings.max_shared_decisions, settings.readout)
         self.count = len(lines)
         self.deadline = time.monotonic() + settings.request_timeout_seconds
         self.most_in_flight = max(1, min(settings.max_batch_requests, settings.max_queue))

@@ -31,7 +31,8 @@ from typing import Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from adapter.calibration import Correction, correction
+from adapter.calibration import NONE, Correction, correction
+from adapter.likelihood import LETTERS, ReadoutChoice
 from adapter.readout import SlotReadout, corrected, log_mean, log_softmax
 from adapter.schema import Decision, Option
 from model_build.calibration import Calibration, OptionOrder, QuestionKind
@@ -92,16 +93,22 @@ def distribution(
 ) -> npt.NDArray[np.float64]:
     """Probabilities over the caller's options from each order's position log-probabilities:
     one prompt's, or the average probability by option id over the rotations; then the
-    correction (the prior is by position of the one canonical prompt it applies to)."""
-    by_id = [
-        np.asarray(to_caller(list(row), order)) for order, row in zip(orders, rows, strict=True)
+    correction (the prior is by position of the one canonical prompt it applies to). All
+    of it is computed in the first order's positions and put in the caller's order last:
+    every permutation of the same options then sums in the same order, so in the canonical
+    and debiased modes (and by likelihood) permuted options get bit-identical
+    probabilities, not only equal ones."""
+    first = list(orders[0])
+    aligned = [
+        np.asarray(to_caller(list(row), order))[first]
+        for order, row in zip(orders, rows, strict=True)
     ]
-    prior = fix.prior
-    return corrected(
-        by_id[0] if len(by_id) == 1 else log_mean(by_id),
+    result = corrected(
+        aligned[0] if len(aligned) == 1 else log_mean(aligned),
         temperature=fix.temperature,
-        prior=None if prior is None else to_caller(prior, orders[0]),
+        prior=fix.prior,
     )
+    return np.asarray(to_caller(list(result), orders[0]))
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,7 @@ class Variants:
     correction: Correction
     kind: QuestionKind  # what is asked (the metrics count questions by it)
     mode: OptionOrder  # the option-order mode the orders came from
+    readout: ReadoutChoice = LETTERS  # letters, or likelihood (adapter.likelihood)
 
     @classmethod
     def of(
@@ -145,11 +153,17 @@ class Variants:
         kind: QuestionKind,
         mode: OptionOrder,
         calibration: Calibration | None,
+        readout: ReadoutChoice = LETTERS,
     ) -> Variants:
-        """A question of `kind` read in `mode` under the model's calibration."""
+        """A question of `kind` read in `mode` under the model's calibration. Read by
+        likelihood, one prompt lists the options in the canonical order whatever `mode`
+        says (order-invariant by construction), and no letter calibration applies."""
+        if readout.likelihood:
+            order = canonical_order(decision.options)
+            return cls(decision, (order,), NONE, kind, "canonical", readout)
         orders = plan(decision.options, mode, ordinal=kind == "score")
         fix = correction(calibration, kind, mode, len(decision.options))
-        return cls(decision, orders, fix, kind, mode)
+        return cls(decision, orders, fix, kind, mode, readout)
 
     def read(
         self, prompts: Sequence[str], tokens: Sequence[int], readouts: Sequence[SlotReadout]
@@ -169,15 +183,20 @@ class Variants:
         )
 
 
-def expand(variants: Sequence[Variants], paths: Sequence[str]) -> tuple[list[Decision], list[str]]:
-    """Every prompt of every decision, flattened for one engine call; a decision's prompts
-    keep its path, so an error names the decision the caller sent."""
+def expand(
+    variants: Sequence[Variants], paths: Sequence[str]
+) -> tuple[list[Decision], list[str], list[ReadoutChoice]]:
+    """Every prompt of every decision, flattened for one engine call, with how each is
+    read; a decision's prompts keep its path, so an error names the decision the caller
+    sent."""
     decisions: list[Decision] = []
     expanded: list[str] = []
+    readouts: list[ReadoutChoice] = []
     for variant, path in zip(variants, paths, strict=True):
         decisions.extend(arrange(variant.decision, order) for order in variant.orders)
         expanded.extend([path] * len(variant.orders))
-    return decisions, expanded
+        readouts.extend([variant.readout] * len(variant.orders))
+    return decisions, expanded, readouts
 
 
 def read(variants: Sequence[Variants], batch: Batch) -> list[Reading]:

@@ -31,6 +31,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from adapter.schema import Decision, Option
 
 PROMPT_VERSION = "semif-direct-options/1"
+# The likelihood readout's prompt (adapter.likelihood): options listed without labels, each
+# scored as the assistant's whole answer.
+LIKELIHOOD_PROMPT_VERSION = "semif-option-likelihood/1"
 # Option labels. Up to 52 options each gets one letter, A..Z then a..z (one token each);
 # above 52 every option gets a capital letter plus a digit, A0..Z9 (two tokens each), so the
 # labels of one prompt are never token prefixes of each other. The decision API's 16
@@ -44,6 +47,11 @@ SYSTEM_PROMPT = (
     "You are a decision model. Apply the criterion in the question to the evidence and "
     "choose the one option that fits best. Reply with the option's letter only."
 )
+LIKELIHOOD_SYSTEM_PROMPT = (
+    "You are a decision model. Apply the criterion in the question to the evidence and "
+    "choose the one option that fits best. Reply with that option's text exactly as written."
+)
+LIKELIHOOD_INSTRUCTION = "Reply with one option's text, exactly as written."
 
 
 # Lone surrogates: valid requests cannot contain them (adapter.http refuses them).
@@ -201,6 +209,41 @@ def decision_messages(decision: Decision, *, marked: bool = False) -> list[dict[
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
 
 
+def likelihood_messages(decision: Decision, *, marked: bool = False) -> list[dict[str, str]]:
+    """The likelihood readout's turns: as `decision_messages`, the options listed without
+    labels in the order given (the caller passes the content-derived order)."""
+
+    def user(text: str) -> str:
+        return mark_user_text(text) if marked else text
+
+    option_lines = "\n".join(f"- {user(option.description)}" for option in decision.options)
+    content = (
+        f"Evidence:\n{user(decision.state_text)}\n\n"
+        f"Question: {user(decision.question)}\n\n"
+        f"Options:\n{option_lines}\n\n"
+        f"{LIKELIHOOD_INSTRUCTION}"
+    )
+    return [
+        {"role": "system", "content": LIKELIHOOD_SYSTEM_PROMPT},
+        {"role": "user", "content": content},
+    ]
+
+
+def neutral_messages() -> list[dict[str, str]]:
+    """The fixed prompt `pmi` divides out: the same turns with no evidence, question or
+    options, so an option's probability after it is its prior as an answer."""
+    return [
+        {"role": "system", "content": LIKELIHOOD_SYSTEM_PROMPT},
+        {"role": "user", "content": LIKELIHOOD_INSTRUCTION},
+    ]
+
+
+def with_answer(prompt: RenderedPrompt, answer: str) -> RenderedPrompt:
+    """The prompt followed by `answer` as request text: the assistant's answer to score."""
+    end = len(prompt.text) + len(answer)
+    return RenderedPrompt(prompt.text + answer, (*prompt.user_spans, (len(prompt.text), end)))
+
+
 def render_marked(template: ChatTemplate, messages: Sequence[dict[str, str]]) -> RenderedPrompt:
     """Render messages whose request text is marked: the plain prompt plus its request spans.
 
@@ -217,6 +260,14 @@ def render_marked(template: ChatTemplate, messages: Sequence[dict[str, str]]) ->
 
 def render_decision_prompt(template: ChatTemplate, decision: Decision) -> RenderedPrompt:
     return render_marked(template, decision_messages(decision, marked=True))
+
+
+def render_likelihood_prompt(template: ChatTemplate, decision: Decision) -> RenderedPrompt:
+    return render_marked(template, likelihood_messages(decision, marked=True))
+
+
+def render_neutral_prompt(template: ChatTemplate) -> RenderedPrompt:
+    return render_marked(template, neutral_messages())
 
 
 def render_chat_prompt(

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-READOUT = "last-position logits restricted to the declared answer letters; no generated tokens"
-
 
 class NonFiniteLogitsError(ArithmeticError):
     """The model produced NaN or infinite logits, which no probability can be read from."""

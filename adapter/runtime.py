@@ -110,6 +110,7 @@ def load_service(
         model=model,
         calibration=files.calibration,
         option_order=settings.option_order,
+        readout=settings.readout_choice,
         limits=settings.queue_limits,
         metrics=metrics,
     )

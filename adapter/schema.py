@@ -8,7 +8,10 @@ Beside `decision`/`decisions` a body may say how to read them (`Policy`): `optio
 (`adapter.ordering`; the server's SEMIF_OPTION_ORDER when absent) and the abstention
 thresholds `min_confidence` (on the top option's probability) and `min_allowed_token_mass`
 (on the share of the model's probability that fell on the answer letters). A result below
-a threshold still carries its full distribution; it says `abstained: true` and why.
+a threshold still carries its full distribution; it says `abstained: true` and why. And
+`readout` (`letters`, or `likelihood` with a `normalization`: adapter.likelihood; the
+server's SEMIF_READOUT and SEMIF_NORMALIZATION when absent): a likelihood question may
+declare up to MAX_LIKELIHOOD_OPTIONS options, a letter question MAX_OPTIONS.
 """
 
 from __future__ import annotations
@@ -16,11 +19,20 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from adapter import fields
 from adapter.errors import RequestError
 from adapter.fields import JsonState
+from adapter.likelihood import (
+    MAX_LIKELIHOOD_OPTIONS,
+    NORMALIZATIONS,
+    READOUTS,
+    Normalization,
+    Readout,
+    ReadoutChoice,
+    choose,
+)
 from model_build.calibration import OPTION_ORDERS, OptionOrder
 
 MIN_OPTIONS = 2
@@ -64,6 +76,14 @@ class Policy:
     option_order: OptionOrder | None = None  # None: the server's default
     min_confidence: float | None = None
     min_allowed_token_mass: float | None = None
+    readout: Readout | None = None  # None: the server's default
+    normalization: Normalization | None = None  # None: the server's default
+
+    def readout_choice(self, default: ReadoutChoice) -> ReadoutChoice:
+        """The readout this policy asks for, the server's `default` filling what it omits."""
+        return ReadoutChoice(
+            self.readout or default.method, self.normalization or default.normalization
+        )
 
     def abstain_reason(self, probabilities: Sequence[float], mass: float) -> str | None:
         """The threshold a reading falls below (the letter mass first: when the model
@@ -76,7 +96,13 @@ class Policy:
 
 
 DEFAULT_POLICY = Policy()  # the server's option order, no abstention
-POLICY_FIELDS = ("option_order", "min_confidence", "min_allowed_token_mass")
+POLICY_FIELDS = (
+    "option_order",
+    "min_confidence",
+    "min_allowed_token_mass",
+    "readout",
+    "normalization",
+)
 
 
 def option_order(
@@ -108,15 +134,31 @@ def parse_policy(entry: dict[str, Any]) -> Policy:
         else None,
         min_confidence=_fraction(entry, "min_confidence"),
         min_allowed_token_mass=_fraction(entry, "min_allowed_token_mass"),
+        readout=readout_method(entry["readout"], "readout") if "readout" in entry else None,
+        normalization=normalization(entry["normalization"], "normalization")
+        if "normalization" in entry
+        else None,
     )
 
 
-def _options(container: dict[str, Any], path: str) -> tuple[Option, ...]:
+def readout_method(value: Any, path: str, shape_error: fields.ShapeError = RequestError) -> Readout:
+    """`letters` or `likelihood`; the System One parser shares it."""
+    return cast(Readout, choose(value, path, READOUTS, shape_error))
+
+
+def normalization(
+    value: Any, path: str, shape_error: fields.ShapeError = RequestError
+) -> Normalization:
+    """`sum`, `mean` or `pmi`; the System One parser shares it."""
+    return cast(Normalization, choose(value, path, NORMALIZATIONS, shape_error))
+
+
+def _options(container: dict[str, Any], path: str, max_options: int) -> tuple[Option, ...]:
     options_path = f"{path}.options"
     raw = fields.required(container, "options", path)
     if not isinstance(raw, list):
         raise RequestError(options_path, "must be an array")
-    fields.count(raw, options_path, MIN_OPTIONS, MAX_OPTIONS, "options")
+    fields.count(raw, options_path, MIN_OPTIONS, max_options, "options")
     options: list[Option] = []
     seen: set[str] = set()
     for index, item in enumerate(raw):
@@ -135,19 +177,19 @@ def _options(container: dict[str, Any], path: str) -> tuple[Option, ...]:
     return tuple(options)
 
 
-def parse_decision(value: Any, path: str) -> Decision:
-    """Validate one decision object found at `path`."""
+def parse_decision(value: Any, path: str, max_options: int = MAX_OPTIONS) -> Decision:
+    """Validate one decision object found at `path` (up to `max_options` options)."""
     entry = fields.json_object(value, path)
     fields.only_fields(entry, path, ("id", "state", "question", "options"))
     return Decision(
         id=fields.text(fields.required(entry, "id", path), f"{path}.id", max_chars=MAX_ID_CHARS),
         state=fields.state(fields.required(entry, "state", path), f"{path}.state"),
         question=fields.text(fields.required(entry, "question", path), f"{path}.question"),
-        options=_options(entry, path),
+        options=_options(entry, path, max_options),
     )
 
 
-def parse_decisions(value: Any, max_shared: int) -> list[Decision]:
+def parse_decisions(value: Any, max_shared: int, max_options: int = MAX_OPTIONS) -> list[Decision]:
     """Validate a shared-state batch: 1..max_shared decisions, one state, unique ids."""
     if not isinstance(value, list) or not value:
         raise RequestError("decisions", "must be a non-empty array")
@@ -156,7 +198,9 @@ def parse_decisions(value: Any, max_shared: int) -> list[Decision]:
             "decisions",
             f"has {len(value)} decisions; the limit is {max_shared} (SEMIF_MAX_SHARED_DECISIONS)",
         )
-    decisions = [parse_decision(item, f"decisions[{index}]") for index, item in enumerate(value)]
+    decisions = [
+        parse_decision(item, f"decisions[{index}]", max_options) for index, item in enumerate(value)
+    ]
     first = decisions[0]
     seen: set[str] = set()
     for index, decision in enumerate(decisions):
@@ -177,18 +221,24 @@ class DecisionRequest:
     policy: Policy
 
 
-def parse_decision_body(body: Any, max_shared: int) -> DecisionRequest:
+def parse_decision_body(
+    body: Any, max_shared: int, default_readout: Readout = "letters"
+) -> DecisionRequest:
     """A decision API body: one decision ("single") or a shared-state batch ("shared"),
-    and the policy to read them with."""
+    and the policy to read them with (a likelihood readout, the body's or the server's
+    `default_readout`, allows more options)."""
     entry = fields.json_object(body, "body")
     has_single, has_shared = "decision" in entry, "decisions" in entry
     if has_single == has_shared:
         raise RequestError("body", 'give exactly one of "decision" or "decisions"')
     fields.only_fields(entry, "body", ("decision" if has_single else "decisions", *POLICY_FIELDS))
     policy = parse_policy(entry)
+    likely = (policy.readout or default_readout) == "likelihood"
+    most = MAX_LIKELIHOOD_OPTIONS if likely else MAX_OPTIONS
     if has_single:
-        return DecisionRequest("single", [parse_decision(entry["decision"], "decision")], policy)
-    return DecisionRequest("shared", parse_decisions(entry["decisions"], max_shared), policy)
+        decision = parse_decision(entry["decision"], "decision", most)
+        return DecisionRequest("single", [decision], policy)
+    return DecisionRequest("shared", parse_decisions(entry["decisions"], max_shared, most), policy)
 
 
 def decision_paths(mode: Mode, count: int) -> list[str]:

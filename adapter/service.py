@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from adapter.cancel import Cancellation, deadline_error
@@ -30,6 +31,7 @@ from adapter.core.layout import Price, common_prefix_length, distinct_tokens, pr
 from adapter.core.scheduler import JobTiming, Scheduler
 from adapter.errors import RequestError, shutting_down
 from adapter.labels import LabelError, LabelSet
+from adapter.likelihood import LETTERS, ReadoutChoice, option_tokens
 from adapter.metrics import Metrics
 from adapter.ordering import Reading, Variants, expand, read
 from adapter.prompts import (
@@ -39,13 +41,18 @@ from adapter.prompts import (
     answer_labels,
     render_chat_prompt,
     render_decision_prompt,
+    render_likelihood_prompt,
+    render_neutral_prompt,
+    with_answer,
 )
-from adapter.readout import NonFiniteLogitsError, SlotReadout, read_labels
+from adapter.question_work import LetterWork, LikelihoodWork, QuestionWork
+from adapter.readout import NonFiniteLogitsError, SlotReadout
 from adapter.schema import Decision, Mode, decision_paths
 from adapter.settings import QueueLimits
 from model_build.calibration import Calibration, OptionOrder
 
 T = TypeVar("T")
+NEUTRAL_CACHE_SIZE = 4096  # options whose neutral score (pmi) is kept
 
 
 @dataclass
@@ -95,12 +102,17 @@ class DecisionService:
     model: dict[str, Any]
     calibration: Calibration | None = None  # the model manifest's (adapter.calibration)
     option_order: OptionOrder = "canonical"  # SEMIF_OPTION_ORDER: requests may override it
+    readout: ReadoutChoice = LETTERS  # SEMIF_READOUT and SEMIF_NORMALIZATION: likewise
     limits: QueueLimits = field(default_factory=QueueLimits)
     health: Health = field(default_factory=Health)
     metrics: Metrics | None = None  # hears every pass and every question's readout
     scheduler: Scheduler = field(init=False)
     _native: threading.Lock = field(default_factory=threading.Lock)  # tokenizing vs close
     _closed: bool = False
+    # pmi's neutral scores by option tokens (adapter.likelihood), read and kept by requests
+    _neutral_scores: OrderedDict[tuple[int, ...], float] = field(default_factory=OrderedDict)
+    _neutral_lock: threading.Lock = field(default_factory=threading.Lock)
+    _neutral: tuple[RenderedPrompt, list[int]] | None = None
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(
@@ -230,28 +242,36 @@ class DecisionService:
         cancel: Cancellation | None = None,
         *,
         retry_token: str | None = None,
+        readouts: Sequence[ReadoutChoice] | None = None,
     ) -> ScoredBatch:
-        """Score decisions of any size (2..260 options) in the scheduler's next passes.
+        """Score decisions of any size in the scheduler's next passes.
 
         `paths` name each decision in errors; `cancel` (adapter.cancel) is the request's own,
         set by the HTTP layer when its client leaves (in-process callers may omit it);
         `retry_token` the place in the retry line (adapter.core.retry_line) that an earlier
-        503 gave its client, which lets it in ahead of newcomers once due.
+        503 gave its client, which lets it in ahead of newcomers once due; `readouts` per
+        decision how it is read (letters when omitted; adapter.question_work).
         Everything is validated (prompt and request token limits) before the request
-        queues; decisions about one state share its prefix, and options labelled with two
-        tokens get their second-token logits in the same pass.
+        queues; decisions about one state share its prefix, options labelled with two
+        tokens get their second-token logits in the same pass, and a likelihood question's
+        option branches share its prompt.
         """
         started = time.monotonic()
         self.scheduler.check_room(retry_token)  # before the work of rendering and tokenizing
-        prompts = self._render(decisions, paths)
-        labels = [self._labels(d, path) for d, path in zip(decisions, paths, strict=True)]
-        firsts = [sorted({label[0] for label in group if len(label) > 1}) for group in labels]
-        token_lists = [tokens for _, tokens in prompts]
-        owners, sent, continuations = self._fit_passes(token_lists, firsts)
-        cost = price(sent, continuations, stream_cells=self.engine.stream_cells)
+        choices = readouts or [LETTERS] * len(decisions)
+        works = [
+            self._likelihood_work(decision, path, choice)
+            if choice.likelihood
+            else self._letter_work(decision, path)
+            for decision, path, choice in zip(decisions, paths, choices, strict=True)
+        ]
+        entries = [(owner, entry) for owner, work in enumerate(works) for entry in work.entries]
+        sent = [entry.tokens for _, entry in entries]
+        continuations = [entry.continuations for _, entry in entries]
+        scored = [entry.scored for _, entry in entries]
+        cost = price(sent, continuations, stream_cells=self.engine.stream_cells, scored=scored)
         field = paths[0].split("[")[0].split(".")[0]
         self._check_budget(cost, field)
-        cuts = [self._boundaries(prompt, tokens) for prompt, tokens in prompts]
         cancel = cancel or Cancellation()
         job = self.scheduler.submit(
             sent,
@@ -259,7 +279,8 @@ class DecisionService:
             started + self.limits.request_timeout_seconds,
             cancel,
             cost=cost,
-            boundaries=[cuts[owner] for owner in owners],
+            boundaries=[entry.boundaries for _, entry in entries],
+            scored=scored,
             retry_token=retry_token,
         )
         try:
@@ -267,40 +288,119 @@ class DecisionService:
         except TooSlowError as error:
             limit = self.limits.request_timeout_seconds
             raise _too_slow(field, error.needed_seconds, limit, "its first passes' speed") from None
-        scores = _joined(owners, parts)
+        mine: list[list[PromptScore]] = [[] for _ in works]
+        for (owner, _), part in zip(entries, parts, strict=True):
+            mine[owner].append(part)
         try:
-            readouts = [
-                read_labels(score.logits, score.next_logits, group)
-                for score, group in zip(scores, labels, strict=True)
-            ]
+            readouts_read = [work.read(own) for work, own in zip(works, mine, strict=True)]
         except NonFiniteLogitsError as error:
             self._mark_unhealthy(error)
             raise
+        self._remember_neutral(works, mine)
         return ScoredBatch(
-            prompts=[prompt.text for prompt, _ in prompts],
-            input_tokens=[score.input_tokens for score in scores],
-            reused_tokens=[score.reused_tokens for score in scores],
-            readouts=readouts,
+            prompts=[work.text for work in works],
+            input_tokens=[work.input_tokens() for work in works],
+            reused_tokens=[work.reused_tokens(own) for work, own in zip(works, mine, strict=True)],
+            readouts=readouts_read,
             timing=timing,
             total_seconds=time.monotonic() - started,
-            distinct_input_tokens=distinct_tokens(token_lists),
+            distinct_input_tokens=distinct_tokens(sent),
         )
 
-    def _fit_passes(
-        self, prompts: list[list[int]], firsts: list[list[int]]
-    ) -> tuple[list[int], list[list[int]], list[list[int]]]:
-        """Each prompt with as many of its label continuations as one pass has streams for
-        beside it, repeated for the rest (a small KV budget, adapter.kv_memory): what is
-        sent, and the index of the prompt each entry belongs to. A repeat is resident after
-        the first, so only its continuations are decoded again."""
-        per_pass = self.engine.max_branches - 1
-        owners, sent, continuations = [], [], []
-        for index, (tokens, wanted) in enumerate(zip(prompts, firsts, strict=True)):
-            for start in range(0, max(len(wanted), 1), per_pass):
-                owners.append(index)
-                sent.append(tokens)
-                continuations.append(wanted[start : start + per_pass])
-        return owners, sent, continuations
+    def _letter_work(self, decision: Decision, path: str) -> LetterWork:
+        """The letter prompt, with as many of its label continuations per entry as one pass
+        has streams for beside it (a small KV budget, adapter.kv_memory); a repeated entry
+        is resident after the first, so only its continuations are decoded again."""
+        ((prompt, tokens),) = self._render([decision], [path])
+        return LetterWork.of(
+            prompt.text,
+            tokens,
+            self._labels(decision, path),
+            self._boundaries(prompt, tokens),
+            per_pass=self.engine.max_branches - 1,
+        )
+
+    def _likelihood_work(
+        self, decision: Decision, path: str, choice: ReadoutChoice
+    ) -> LikelihoodWork:
+        """The likelihood prompt and a branch per option (its text then the end of the
+        turn), each within SEMIF_MAX_TOKENS and tokenized as the model would read it after
+        the prompt (adapter.likelihood.option_tokens); for pmi, the neutral branches the
+        cache does not already answer."""
+        try:
+            prompt = render_likelihood_prompt(self.template, decision)
+        except (TemplateRenderError, ValueError) as error:
+            raise RequestError(path, str(error)) from None
+        hint = "; shorten the state, question or options"
+        tokens = self.tokenize_prompt(prompt, path, hint)
+        options = self._answers(prompt, tokens, decision, path, hint)
+        # On whole-stream memory, where branches part too: the prompt's end, less the row
+        # that scores each option's first token.
+        cuts = self._boundaries(prompt, tokens)
+        cuts = (*cuts, len(tokens) - 1) if cuts else ()
+        branches = [[*tokens, *option] for option in options]
+        neutral = None
+        if choice.normalization == "pmi":
+            neutral_prompt, start = self._neutral_prompt()
+            after = self._answers(neutral_prompt, start, decision, path, hint)
+            with self._neutral_lock:
+                known = [self._neutral_scores.get(tuple(option)) for option in after]
+            neutral = (start, known)
+            if after != options:  # the same words after either prompt, or pmi is not defined
+                raise RequestError(path, "an option tokenizes differently after the neutral prompt")
+        return LikelihoodWork.of(prompt.text, branches, options, choice, cuts, neutral)
+
+    def _answers(
+        self, prompt: RenderedPrompt, tokens: list[int], decision: Decision, path: str, hint: str
+    ) -> list[list[int]]:
+        """Each option's scored tokens after `prompt`: its description's, then the end of
+        the assistant's turn (so an option that is another's prefix is not favoured)."""
+        with self._vocabulary() as engine:
+            end = engine.vocab.end_of_turn
+        if end < 0:
+            raise RequestError(
+                "readout",
+                "this model's vocabulary has no end-of-turn or end-of-sequence token, so a "
+                "whole answer cannot be scored; use the letters readout",
+            )
+        answers = []
+        for option in decision.options:
+            text = option.description.strip()
+            branch = self.tokenize_prompt(with_answer(prompt, text), path, hint)
+            answer = option_tokens(branch, tokens, f"{path}.options", option.id)
+            if len(tokens) + len(answer) + 1 > self.max_tokens:
+                raise RequestError(
+                    path,
+                    f"option {option.id!r} makes the prompt {len(tokens) + len(answer) + 1} "
+                    f"tokens; the limit is {self.max_tokens} (SEMIF_MAX_TOKENS){hint}",
+                )
+            answers.append([*answer, end])
+        return answers
+
+    def _neutral_prompt(self) -> tuple[RenderedPrompt, list[int]]:
+        """The neutral prompt and its tokens (rendered once; no request text in it)."""
+        if self._neutral is None:
+            try:
+                prompt = render_neutral_prompt(self.template)
+            except (TemplateRenderError, ValueError) as error:
+                raise RequestError("normalization", str(error)) from None
+            self._neutral = (prompt, self.tokenize_prompt(prompt, "normalization"))
+        return self._neutral
+
+    def _remember_neutral(
+        self, works: Sequence[QuestionWork], scores: Sequence[Sequence[PromptScore]]
+    ) -> None:
+        """Keep the neutral scores a pass computed (pmi), the oldest forgotten past
+        NEUTRAL_CACHE_SIZE: they depend only on the option's tokens."""
+        with self._neutral_lock:
+            for work, own in zip(works, scores, strict=True):
+                if not isinstance(work, LikelihoodWork) or work.choice.normalization != "pmi":
+                    continue
+                for option, value in zip(work.options, work.neutral_scores(own), strict=True):
+                    self._neutral_scores[tuple(option)] = value
+                    self._neutral_scores.move_to_end(tuple(option))
+            while len(self._neutral_scores) > NEUTRAL_CACHE_SIZE:
+                self._neutral_scores.popitem(last=False)
 
     def _check_budget(self, cost: Price, path: str) -> None:
         """Refuse, before it queues, a request over SEMIF_MAX_REQUEST_TOKENS (what the layout
@@ -329,7 +429,8 @@ class DecisionService:
     ) -> tuple[list[Reading], ScoredBatch]:
         """Score each question's prompts in its option order (adapter.ordering) in one
         batch, and read them back in the caller's order: how every API scores options."""
-        batch = self.score(*expand(variants, paths), cancel, retry_token=retry_token)
+        decisions, expanded, readouts = expand(variants, paths)
+        batch = self.score(decisions, expanded, cancel, retry_token=retry_token, readouts=readouts)
         readings = read(variants, batch)
         if self.metrics is not None:
             for variant, reading in zip(variants, readings, strict=True):
@@ -375,16 +476,3 @@ def _too_slow(path: str, needed: float, allowed: float, speed: str) -> RequestEr
         f"{allowed:g} s (SEMIF_REQUEST_TIMEOUT_S); send fewer "
         "or shorter decisions",
     )
-
-
-def _joined(owners: Sequence[int], parts: Sequence[PromptScore]) -> list[PromptScore]:
-    """One score per prompt from the entries `_fit_passes` sent: the first entry's logits
-    (every entry of a prompt scores it bit-identically) with every entry's continuations."""
-    joined: list[PromptScore] = []
-    for owner, part in zip(owners, parts, strict=True):
-        if owner < len(joined):
-            first = joined[owner]
-            joined[owner] = replace(first, next_logits={**first.next_logits, **part.next_logits})
-        else:
-            joined.append(part)
-    return joined

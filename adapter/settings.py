@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from adapter.kv_memory import AUTO, KvBudget, KvMemoryError
+from adapter.likelihood import NORMALIZATIONS, READOUTS, Normalization, Readout, ReadoutChoice
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from model_build.calibration import OPTION_ORDERS, OptionOrder
 
@@ -108,6 +109,10 @@ class Settings:
     shutdown_grace_seconds: float = 20.0
     # How options are ordered in prompts when a request does not say (adapter.ordering).
     option_order: OptionOrder = "canonical"
+    # How options are read when a request does not say (adapter.likelihood): the letters
+    # stay the default until the likelihood readout measures better (docs/decision-quality.md).
+    readout: Readout = "letters"
+    normalization: Normalization = "sum"
     # Which of llama.cpp's extra weight buffer types may hold weights (adapter.weight_buffers).
     weight_buffers: WeightBuffers = "auto"
     # What the KV cache may take; the number of streams follows (adapter.kv_memory).
@@ -122,6 +127,11 @@ class Settings:
             max_batch_requests=self.max_batch_requests,
             max_request_tokens=self.max_request_tokens,
         )
+
+    @property
+    def readout_choice(self) -> ReadoutChoice:
+        """The readout a request gets when it names none."""
+        return ReadoutChoice(self.readout, self.normalization)
 
     @property
     def stream_cells(self) -> int:
@@ -331,6 +341,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "SEMIF_SHUTDOWN_GRACE_SECONDS", 20.0, 0.0, MAX_SHUTDOWN_GRACE_SECONDS
         ),
         option_order=_choice(env, "SEMIF_OPTION_ORDER", OPTION_ORDERS, Settings.option_order),
+        readout=_choice(env, "SEMIF_READOUT", READOUTS, Settings.readout),
+        normalization=_choice(env, "SEMIF_NORMALIZATION", NORMALIZATIONS, Settings.normalization),
         weight_buffers=_choice(
             env, "SEMIF_WEIGHT_BUFFERS", WEIGHT_BUFFERS, Settings.weight_buffers
         ),

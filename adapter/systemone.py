@@ -10,7 +10,10 @@ Question keys are never shown to the model (only instructions and descriptions a
 renaming a key cannot change an answer. An optional top-level `option_order` (as_given,
 canonical, debiased; `adapter.ordering`) overrides the server's SEMIF_OPTION_ORDER; score
 levels keep their order in every mode. The model's calibration applies each kind's own
-temperature (`adapter.calibration`); the answers keep the format's exact shape.
+temperature (`adapter.calibration`); the answers keep the format's exact shape. Optional
+top-level `readout` and `normalization` (adapter.likelihood; the server's SEMIF_READOUT and
+SEMIF_NORMALIZATION when absent) say how choice and noul questions are read; score
+questions are always read by letters (their levels are positions).
 
 Confidence, the same formula for choice and score: 1 - H(p) / ln(N), where H is the
 Shannon entropy of the N option probabilities. It is 1 when all mass is on one option and
@@ -31,8 +34,9 @@ from adapter import fields
 from adapter.cancel import Cancellation
 from adapter.errors import RequestError, SchemaError
 from adapter.fields import JsonState, member_path
+from adapter.likelihood import LETTERS, Normalization, Readout, ReadoutChoice
 from adapter.ordering import Variants
-from adapter.schema import Decision, Option, option_order
+from adapter.schema import Decision, Option, normalization, option_order, readout_method
 from adapter.service import DecisionService, ScoredBatch
 from model_build.calibration import OptionOrder
 
@@ -57,6 +61,16 @@ class SystemOneRequest:
     model: str | None
     questions: list[Question]
     option_order: OptionOrder | None = None  # None: the server's default
+    readout: Readout | None = None  # choice and noul questions; None: the server's default
+    normalization: Normalization | None = None
+
+    def readout_for(self, question: Question, default: ReadoutChoice) -> ReadoutChoice:
+        """How `question` is read: score questions by letters, the others as asked."""
+        if question.kind == "score":
+            return LETTERS
+        return ReadoutChoice(
+            self.readout or default.method, self.normalization or default.normalization
+        )
 
 
 def _text(value: Any, path: str) -> str:
@@ -126,7 +140,8 @@ def question_options(kind: Kind, criteria: Any, path: str) -> tuple[Option, ...]
 def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
     """Validate a System One request; every error names the offending field."""
     entry = fields.json_object(body, "body", SchemaError)
-    fields.only_fields(entry, "body", ("model", "state", "questions", "option_order"), SchemaError)
+    allowed = ("model", "state", "questions", "option_order", "readout", "normalization")
+    fields.only_fields(entry, "body", allowed, SchemaError)
     model = entry.get("model")
     if model is not None and not isinstance(model, str):
         raise SchemaError("model", "must be a string")
@@ -146,6 +161,12 @@ def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
         model=model,
         questions=parsed,
         option_order=None if order is None else option_order(order, "option_order", SchemaError),
+        readout=readout_method(entry["readout"], "readout", SchemaError)
+        if "readout" in entry
+        else None,
+        normalization=normalization(entry["normalization"], "normalization", SchemaError)
+        if "normalization" in entry
+        else None,
     )
 
 
@@ -193,7 +214,13 @@ def answer(
     questions = request.questions
     mode = request.option_order or service.option_order
     variants = [
-        Variants.of(question.decision, question.kind, mode, service.calibration)
+        Variants.of(
+            question.decision,
+            question.kind,
+            mode,
+            service.calibration,
+            request.readout_for(question, service.readout),
+        )
         for question in questions
     ]
     readings, batch = service.read_variants(

@@ -82,6 +82,17 @@ def brier_score(answers: Sequence[Answer | None], expected: Sequence[str]) -> fl
     return total / len(pairs)
 
 
+def log_loss(answers: Sequence[Answer | None], expected: Sequence[str]) -> float:
+    """Mean negative log-probability of the expected label over valid answers (a zero
+    probability counts as 1e-12, so one confident miss cannot make it infinite)."""
+    pairs = _valid_pairs(answers, expected)
+    if not pairs:
+        return math.nan
+    return math.fsum(
+        -math.log(max(answer.probabilities.get(label, 0.0), 1e-12)) for answer, label in pairs
+    ) / len(pairs)
+
+
 def top_label_ece(
     answers: Sequence[Answer | None], expected: Sequence[str], bins: int = ECE_BINS
 ) -> float:

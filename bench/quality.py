@@ -12,7 +12,11 @@ Invoker for a running server, e.g. bench/report.py's local server) measures thre
   cross-fitted position prior divided out against canonical and debiased;
 - cost: as_given against debiased for 3, 5 and 8 options on states of about 150 and 1,000
   tokens, each state new to the server so its prefill is counted: evaluated tokens and the
-  client's seconds per request (serial, so no queueing), medians over repeats.
+  client's seconds per request (serial, so no queueing), medians over repeats;
+- the likelihood readout (adapter.likelihood): the same invariance figures (and NLL) for
+  sum, mean and pmi beside the letters' canonical and debiased, and its cost against the
+  letters (canonical and debiased) for 3, 5, 8 and 32 options of 1 to 12 words on a
+  ~150-token state (32 options exceed the letters' 16 in the decision API: not measured).
 Plumbing numbers, not accuracy claims: the smoke tasks are few and easy to overfit.
 """
 
@@ -33,10 +37,10 @@ import numpy as np
 from adapter.schema import Decision, Option
 from bench.calibrate import DEFAULT_FOLDS, calibrate, score_all
 from bench.local import serve_model
-from bench.metrics import Answer, accuracy, brier_score
+from bench.metrics import Answer, accuracy, brier_score, log_loss
 from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, read_answer
 from bench.tasks import SMOKE_TASKS, Task, load_tasks, single_body
-from model_build.calibration import OPTION_ORDERS, OptionOrder
+from model_build.calibration import OPTION_ORDERS
 from model_build.embedded import fetch_embedded_model
 
 SCHEMA = "semif-bench-quality/1"
@@ -47,6 +51,23 @@ COST_REPEATS = 3
 # One filler sentence of a support ticket; about 16 tokens with SmolLM2's tokenizer.
 FILLER = "The customer wrote again about order 4411, the late parcel and the refund promised. "
 FILLER_TOKENS = 16
+# How each reading is asked for (policy fields of a decision body).
+LETTER_READINGS: dict[str, dict[str, str]] = {
+    mode: {"option_order": mode} for mode in OPTION_ORDERS
+}
+LIKELIHOOD_READINGS: dict[str, dict[str, str]] = {
+    normalization: {"readout": "likelihood", "normalization": normalization}
+    for normalization in ("sum", "mean", "pmi")
+}
+LIKELIHOOD_COST_OPTIONS = (3, 5, 8, 32)
+LIKELIHOOD_COST_STATE = 150
+LIKELIHOOD_COST_READINGS: dict[str, dict[str, str]] = {
+    "canonical": LETTER_READINGS["canonical"],
+    "debiased": LETTER_READINGS["debiased"],
+    "likelihood": LIKELIHOOD_READINGS["sum"],
+}
+LETTER_MAX_OPTIONS = 16  # the decision API's letter limit (adapter.schema.MAX_OPTIONS)
+WORDS = ("route", "the", "case", "to", "billing", "now", "and", "tell", "them", "why", "it", "is")
 
 
 def reorder(decision: Decision, ordering: str, rng: np.random.Generator) -> Decision:
@@ -64,20 +85,24 @@ def total_variation(first: Answer, second: Answer) -> float:
 
 
 def measure_invariance(
-    client: Invoker, tasks: Sequence[Task], seed: int
-) -> dict[OptionOrder, dict[str, Any]]:
-    """Per mode: flips and mean TV of each reordering against the original order, and the
-    accuracy and Brier over all orderings."""
+    client: Invoker,
+    tasks: Sequence[Task],
+    seed: int,
+    readings: Mapping[str, Mapping[str, str]] = LETTER_READINGS,
+) -> dict[str, dict[str, Any]]:
+    """Per reading (an option-order mode, or a likelihood normalization): flips and mean
+    TV of each reordering against the original order, and the accuracy, Brier and NLL over
+    all orderings."""
     rng = np.random.default_rng(seed)
     orders = {task.id: {o: reorder(task.decision, o, rng) for o in ORDERINGS} for task in tasks}
-    report: dict[OptionOrder, dict[str, Any]] = {}
-    for mode in OPTION_ORDERS:
+    report: dict[str, dict[str, Any]] = {}
+    for name, policy in readings.items():
         answers: dict[str, list[Answer | None]] = {ordering: [] for ordering in ORDERINGS}
         for task in tasks:
             for ordering, decision in orders[task.id].items():
-                body = {**single_body(decision), "option_order": mode}
+                body = {**single_body(decision), **policy}
                 answers[ordering].append(read_answer(task, client.invoke(body)).answer)
-        report[mode] = _invariance(answers, [task.expected for task in tasks])
+        report[name] = _invariance(answers, [task.expected for task in tasks])
     return report
 
 
@@ -98,6 +123,7 @@ def _invariance(
         "mean_tv": tv,
         "accuracy": accuracy(pooled, labels),
         "brier": brier_score(pooled, labels),
+        "nll": log_loss(pooled, labels),
     }
 
 
@@ -151,6 +177,61 @@ def measure_cost(
     return rows
 
 
+def _words(start: int, count: int) -> list[str]:
+    return [WORDS[(start + k) % len(WORDS)] for k in range(count)]
+
+
+def likelihood_cost_decision(options: int, tag: str, state_tokens: int) -> Decision:
+    """A state of about `state_tokens` tokens and `options` distinct options of 1 to 12
+    words."""
+    decision = cost_decision(state_tokens, options, tag)
+    worded = tuple(
+        Option(
+            f"o{i}", " ".join([f"team{i}", *(WORDS[(i + k) % len(WORDS)] for k in range(i % 12))])
+        )
+        for i in range(options)
+    )
+    return replace(decision, options=worded)
+
+
+def measure_likelihood_cost(
+    client: Invoker, repeats: int = COST_REPEATS, state_tokens: int = LIKELIHOOD_COST_STATE
+) -> list[dict[str, Any]]:
+    """The likelihood readout against the letters (canonical, debiased) per option count:
+    evaluated tokens and seconds (medians over repeats, each state new to the server), and
+    likelihood's ratios to each."""
+    rows = []
+    for count in LIKELIHOOD_COST_OPTIONS:
+        row: dict[str, Any] = {"state_tokens": state_tokens, "options": count}
+        for name, policy in LIKELIHOOD_COST_READINGS.items():
+            if name != "likelihood" and count > LETTER_MAX_OPTIONS:
+                row[name] = None
+                continue
+            evaluated, seconds = [], []
+            for repeat in range(repeats):
+                decision = likelihood_cost_decision(count, f"{name}-{count}-{repeat}", state_tokens)
+                started = time.perf_counter()
+                response = client.invoke({**single_body(decision), **policy})
+                seconds.append(time.perf_counter() - started)
+                evaluated.append(response["timing"]["evaluated_tokens"])
+            row[name] = {
+                "evaluated_tokens": statistics.median(evaluated),
+                "seconds": statistics.median(seconds),
+            }
+        for letters in ("canonical", "debiased"):
+            base = row[letters]
+            row[f"tokens_vs_{letters}"] = (
+                None
+                if base is None
+                else row["likelihood"]["evaluated_tokens"] / base["evaluated_tokens"]
+            )
+            row[f"time_vs_{letters}"] = (
+                None if base is None else row["likelihood"]["seconds"] / base["seconds"]
+            )
+        rows.append(row)
+    return rows
+
+
 def run_quality(
     client: Invoker,
     tasks: Sequence[Task],
@@ -159,6 +240,7 @@ def run_quality(
     folds: int = DEFAULT_FOLDS,
     cost_repeats: int = COST_REPEATS,
     cost_states: Sequence[int] = COST_STATE_TOKENS,
+    likelihood_state: int = LIKELIHOOD_COST_STATE,
 ) -> dict[str, Any]:
     """Every figure of this module as one JSON-ready dict (see the module docstring)."""
     scored, prompt_version = score_all(client, tasks)
@@ -177,6 +259,10 @@ def run_quality(
         "invariance": measure_invariance(client, tasks, seed),
         "prior": {"held_out": prior["held_out"], "prior_recovers": prior["prior_recovers"]},
         "cost": measure_cost(client, cost_repeats, cost_states),
+        "likelihood": {
+            "invariance": measure_invariance(client, tasks, seed, LIKELIHOOD_READINGS),
+            "cost": measure_likelihood_cost(client, cost_repeats, likelihood_state),
+        },
     }
     finite_report: dict[str, Any] = finite(report)
     return finite_report
@@ -222,7 +308,40 @@ def format_quality(report: Mapping[str, Any]) -> str:
             f"{row['token_ratio']:>9.2f}{given['seconds']:>11.4f}"
             f"{debiased['seconds']:>11.4f}{row['time_ratio']:>8.2f}"
         )
+    lines += ["", f"{'reading':<16}{'flips rev':>10}{'flips shuf':>11}{'acc':>7}{'nll':>8}"]
+    likelihood = report["likelihood"]
+    invariance = report["invariance"]
+    for name, row in (
+        ("canonical", invariance["canonical"]),
+        ("debiased", invariance["debiased"]),
+        *((f"likelihood {n}", r) for n, r in likelihood["invariance"].items()),
+    ):
+        flips = row["argmax_flips"]
+        lines.append(
+            f"{name:<16}{flips['reversed']:>10}{flips['shuffled']:>11}"
+            f"{row['accuracy']:>7.3f}{row['nll']:>8.3f}"
+        )
+    lines += [
+        "",
+        f"{'opts':>5}{'eval canon':>11}{'eval debias':>12}{'eval likely':>12}"
+        f"{'tok x canon':>12}{'tok x debias':>13}{'time x canon':>13}{'time x debias':>14}",
+    ]
+    for row in likelihood["cost"]:
+        canonical, debiased = row["canonical"], row["debiased"]
+        lines.append(
+            f"{row['options']:>5}"
+            f"{cell(canonical and canonical['evaluated_tokens'], '.0f', 11)}"
+            f"{cell(debiased and debiased['evaluated_tokens'], '.0f')}"
+            f"{cell(row['likelihood']['evaluated_tokens'], '.0f')}"
+            f"{cell(row['tokens_vs_canonical'])}{cell(row['tokens_vs_debiased'], width=13)}"
+            f"{cell(row['time_vs_canonical'], width=13)}{cell(row['time_vs_debiased'], width=14)}"
+        )
     return "\n".join(lines)
+
+
+def cell(value: float | None, digits: str = ".2f", width: int = 12) -> str:
+    """A right-aligned table cell; "-" where a reading was not measured."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{digits}}"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

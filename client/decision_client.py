@@ -179,10 +179,12 @@ class DecisionResult:
     input_tokens: int
     prompt_sha256: str
     raw: dict[str, Any] = field(repr=False)
+    readout: str = "letters"  # or "likelihood" (then `raw["normalization"]` says which)
 
     @classmethod
     def from_json(cls, result: Mapping[str, Any]) -> DecisionResult:
         return cls(
+            readout=str(result.get("readout", "letters")),
             id=result["id"],
             option_ids=list(result["option_ids"]),
             probabilities=[float(p) for p in result["probabilities"]],
@@ -699,14 +701,19 @@ class DecisionClient:
                     ) from error
                 self._sleep(self.retry.delay_s(attempts - 1, elapsed, hint, self._rng.random()))
 
-    def decide(self, decision: Mapping[str, Any]) -> DecisionResult:
-        """One decision: {"id", "state", "question", "options": [{"id", "description"}]}."""
-        answer = self.invoke({"decision": dict(decision)})
+    def decide(self, decision: Mapping[str, Any], **reading: str) -> DecisionResult:
+        """One decision: {"id", "state", "question", "options": [{"id", "description"}]}.
+        `reading` passes the policy fields (readout="likelihood", normalization="mean",
+        option_order=...); the endpoint's defaults apply to the rest."""
+        answer = self.invoke({"decision": dict(decision), **reading})
         return DecisionResult.from_json(answer["result"])
 
-    def decide_many(self, decisions: Sequence[Mapping[str, Any]]) -> list[DecisionResult]:
-        """Decisions about one state, scored together (the state is evaluated once)."""
-        answer = self.invoke({"decisions": [dict(decision) for decision in decisions]})
+    def decide_many(
+        self, decisions: Sequence[Mapping[str, Any]], **reading: str
+    ) -> list[DecisionResult]:
+        """Decisions about one state, scored together (the state is evaluated once);
+        `reading` as for `decide`."""
+        answer = self.invoke({"decisions": [dict(decision) for decision in decisions], **reading})
         return [DecisionResult.from_json(result) for result in answer["results"]]
 
     def systemone(
@@ -714,9 +721,11 @@ class DecisionClient:
         state: str | Mapping[str, Any] | Sequence[Any],
         questions: Mapping[str, Mapping[str, Any]],
         model: str = "default",
+        **reading: str,
     ) -> SystemOneAnswers:
-        """System One questions about one state (noul, choice, score)."""
-        body = {"model": model, "state": state, "questions": questions}
+        """System One questions about one state (noul, choice, score); `reading` passes
+        option_order, readout and normalization."""
+        body = {"model": model, "state": state, "questions": questions, **reading}
         return SystemOneAnswers.from_json(self.invoke(body))
 
     def chat(

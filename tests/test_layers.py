@@ -45,13 +45,15 @@ PURE_ADAPTER_MODULES = {
     "settings",
     "weight_buffers",
     "kv_memory",
+    "likelihood",
 }
 # the edges between pure modules beyond adapter.errors: the weight-buffer and KV-memory
-# policies' types are shared with the settings that name them (and the backend query that
-# feeds the first)
+# policies' and the readouts' types are shared with the settings that name them (and the
+# backend query that feeds the first; the likelihood readout shares the letters' arithmetic)
 PURE_EDGES = {
     "backends": {"adapter.weight_buffers"},
-    "settings": {"adapter.weight_buffers", "adapter.kv_memory"},
+    "settings": {"adapter.weight_buffers", "adapter.kv_memory", "adapter.likelihood"},
+    "likelihood": {"adapter.readout"},
 }
 # The serving core (adapter/core, see its __init__) is reached from the service, which
 # requests go through, and from start-up: the runtime builds the engine and the label

@@ -8,8 +8,10 @@ goes). Two kinds of reuse make scoring cheap:
   is decoded once and copied to each before their own tokens are decoded together.
 A prompt may also ask for the logits after some continuation tokens (a two-token answer
 label needs P(second | first)): each continuation is one more sequence, the prompt with that
-token appended, decoded in the same pass. Scoring generates nothing; `start_generation`
-(chat, adapter/core/generation.py) samples tokens into a stream of its own.
+token appended, decoded in the same pass. Or for the log-probabilities of its own last
+tokens (an option's words after a shared prompt): those rows are decoded in the pass.
+Scoring generates nothing; `start_generation` (chat, adapter/core/generation.py) samples
+tokens into a stream of its own.
 
 Threads: the context, the KV cache and its plan (`score`, `reset`, the stream operations a
 generation uses, `close`) belong to the scheduler's worker alone; start-up probes call
@@ -65,7 +67,10 @@ PASS_ROWS = 1024
 class PromptScore:
     """Last-position logits of one prompt and how its tokens were obtained.
 
-    `next_logits` maps each requested continuation token to the logits that follow it.
+    `next_logits` maps each requested continuation token to the logits that follow it. A
+    prompt whose last tokens are scored gets `token_logprobs` instead, and empty `logits`:
+    keeping a vocabulary-sized vector per option branch would hold hundreds of MB for a
+    question of a thousand options.
     """
 
     logits: npt.NDArray[np.float32]
@@ -73,6 +78,10 @@ class PromptScore:
     next_logits: dict[int, npt.NDArray[np.float32]] = field(default_factory=dict)
     reused_tokens: int = 0  # taken from a resident prefix
     rows: frozenset[int] = frozenset()  # rows of the pass on its path (shared ones too)
+    # log P(token | the tokens before it) for its last `scored` tokens, in order, and the
+    # most likely token where the first of them stands.
+    token_logprobs: tuple[float, ...] = ()
+    scored_top_token: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,17 @@ class BatchTiming:
     evaluated_tokens: int
     pad_tokens: int
     seconds: float
+
+
+_NO_LOGITS = np.empty(0, np.float32)  # a scored prompt's `logits` (see PromptScore)
+
+
+def _token_logprob(logits: npt.NDArray[np.float32], token: int) -> tuple[float, int]:
+    """log P(token) under a row's logits (full-vocabulary log-softmax in float64; NaN stays
+    NaN, for the readout to refuse) and the row's most likely token."""
+    wide = logits.astype(np.float64)
+    top = wide.max()
+    return float(wide[token] - (top + np.log(np.exp(wide - top).sum()))), int(wide.argmax())
 
 
 class LlamaEngine:
@@ -199,6 +219,7 @@ class LlamaEngine:
         *,
         continuing: bool = False,
         boundaries: Sequence[Sequence[int]] = (),
+        scored: Sequence[int] = (),
     ) -> tuple[list[PromptScore], BatchTiming]:
         """Score every prompt in one pass; prompts share whatever prefix they have in
         common with each other and with the resident prefixes of earlier passes.
@@ -210,7 +231,9 @@ class LlamaEngine:
         first, unless the caller says the pass is `continuing` requests that the passes
         just before began: a request larger than one pass then decodes its state once.
         `boundaries[i]` are where prompt i's state and system turn end: on a model whose
-        memory keeps only whole streams, the layout keeps checkpoints there.
+        memory keeps only whole streams, the layout keeps checkpoints there. `scored[i]`
+        (default 0) of prompt i's last tokens get their log-probabilities given the tokens
+        before them (`PromptScore.token_logprobs`), computed in float64 from the logits.
         """
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -226,8 +249,12 @@ class LlamaEngine:
                 f"a prompt needs {longest} KV cells; a stream has {self.stream_cells}"
             )
         distinct: dict[tuple[int, ...], set[int]] = {}
-        for prompt, tokens in zip(prompts, extra, strict=True):
+        counts: dict[tuple[int, ...], int] = {}
+        for index, (prompt, tokens) in enumerate(zip(prompts, extra, strict=True)):
             distinct.setdefault(tuple(prompt), set()).update(tokens)
+            count = scored[index] if index < len(scored) else 0
+            if counts.setdefault(tuple(prompt), count) != count:
+                raise ValueError("one prompt asked for with two counts of scored tokens")
         unique = [(prompt, sorted(tokens)) for prompt, tokens in distinct.items()]
         cuts = dict(zip(map(tuple, prompts), boundaries, strict=False))
         sequences = sum(1 + len(tokens) for _, tokens in unique)
@@ -239,17 +266,19 @@ class LlamaEngine:
             self.reset()
         started = time.perf_counter()
         wanted = [cuts.get(prompt, ()) for prompt, _ in unique]
+        reads = [counts[prompt] for prompt, _ in unique]
         try:
-            plan, outputs = self._plan_and_run(unique, wanted)
+            plan, outputs, read = self._plan_and_run(unique, wanted, reads)
         except RefusedCutError as error:
             # Never from a plan on an empty cache (it cuts nothing), so one retry settles it.
             LOG.warning("%s; scoring the pass again from an empty cache", error)
-            plan, outputs = self._plan_and_run(unique, wanted)
+            plan, outputs, read = self._plan_and_run(unique, wanted, reads)
         self.cache.commit(plan)
         by_prompt = {}
         for (prompt, tokens), prompt_plan in zip(unique, plan.prompts, strict=True):
+            scored_rows = prompt_plan.scored_rows
             by_prompt[prompt] = PromptScore(
-                logits=outputs[prompt_plan.last_row],
+                logits=outputs.get(prompt_plan.last_row, _NO_LOGITS),
                 input_tokens=len(prompt),
                 next_logits={
                     token: outputs[row]
@@ -257,6 +286,8 @@ class LlamaEngine:
                 },
                 reused_tokens=prompt_plan.reused,
                 rows=prompt_plan.new_rows,
+                token_logprobs=tuple(read[row][0] for row in scored_rows),
+                scored_top_token=read[scored_rows[0]][1] if scored_rows else None,
             )
         scores = [by_prompt[tuple(prompt)] for prompt in prompts]
         timing = BatchTiming(
@@ -269,26 +300,42 @@ class LlamaEngine:
         return scores, timing
 
     def _plan_and_run(
-        self, unique: Sequence[tuple[Sequence[int], Sequence[int]]], wanted: Sequence[Sequence[int]]
-    ) -> tuple[PassPlan, dict[int, npt.NDArray[np.float32]]]:
+        self,
+        unique: Sequence[tuple[Sequence[int], Sequence[int]]],
+        wanted: Sequence[Sequence[int]],
+        scored: Sequence[int],
+    ) -> tuple[PassPlan, dict[int, npt.NDArray[np.float32]], dict[int, tuple[float, int]]]:
         """Plan the pass on what the cache holds and run it; on any failure every stream is
         emptied (they no longer match the plan) before the error propagates."""
         try:
             self.check_cancel()
             try:
-                plan = self.cache.plan(unique, wanted)
+                plan = self.cache.plan(unique, wanted, scored)
             except OverflowError as error:
                 raise CapacityError(str(error)) from None
-            return plan, self._run_pass(plan)
+            kept: set[int] = set()
+            reads: dict[int, int] = {}  # scored row -> the token it scores
+            for (prompt, _), prompt_plan in zip(unique, plan.prompts, strict=True):
+                rows = prompt_plan.scored_rows
+                if rows:
+                    start = len(prompt) - len(rows)
+                    reads.update({row: prompt[start + i] for i, row in enumerate(rows)})
+                else:
+                    kept.update((prompt_plan.last_row, *prompt_plan.continuation_rows))
+            return plan, *self._run_pass(plan, kept, reads)
         except BaseException:
             self.reset()
             raise
 
-    def _run_pass(self, plan: PassPlan) -> dict[int, npt.NDArray[np.float32]]:
+    def _run_pass(
+        self, plan: PassPlan, kept: set[int], reads: dict[int, int]
+    ) -> tuple[dict[int, npt.NDArray[np.float32]], dict[int, tuple[float, int]]]:
         """Execute a pass plan step by step: copies and cuts, then one decode per
-        micro-batch. Returns the logits of every row a prompt reads."""
-        wanted = set(plan.output_rows)
+        micro-batch. Returns the logits of the `kept` rows, and for each row in `reads` the
+        log-probability of its token and the row's most likely token (read at once, so a
+        pass holds no vocabulary-sized vector per scored row)."""
         outputs: dict[int, npt.NDArray[np.float32]] = {}
+        read: dict[int, tuple[float, int]] = {}
         first_row = 0
         for step in plan.steps:
             for copy in step.copies:
@@ -297,12 +344,15 @@ class LlamaEngine:
                 self.check_cancel()
                 self._decode_rows(rows)
                 for index in range(len(rows)):
-                    if first_row + index in wanted:
-                        outputs[first_row + index] = self._logits(index)
+                    row = first_row + index
+                    if row in kept:
+                        outputs[row] = self._logits(index)
+                    elif row in reads:
+                        read[row] = _token_logprob(self._logits(index), reads[row])
                 first_row += len(rows)
         for seq in plan.released:
             self._remove(seq, 0)
-        return outputs
+        return outputs, read
 
     def _decode_rows(self, rows: Sequence[Row]) -> None:
         batch = llama_cpp.llama_batch_init(len(rows), 0, 1)

@@ -98,7 +98,11 @@ class Price:
 
 
 def price(
-    prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *, stream_cells: int
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    *,
+    stream_cells: int,
+    scored: Sequence[int] = (),
 ) -> Price:
     """What scoring these prompts (each with its label continuations) costs the engine.
 
@@ -113,7 +117,9 @@ def price(
     engine scores it once. What the planner decodes for the request alone on an empty
     cache stays within a quarter over this, counting a prefix a prompt shares with the one
     before it in another stem (a template shared by two states: decoded once per stem)
-    once per stem (tests/adapter/test_layout.py); the cache may save more.
+    once per stem (tests/adapter/test_layout.py); the cache may save more. A prompt whose
+    last `scored[i]` tokens are scored (an option's own words, adapter/likelihood.py)
+    decodes at least those rows and the one before them itself: it shares no more.
     """
     costs = []
     for index, prompt in enumerate(prompts):
@@ -122,6 +128,8 @@ def price(
             costs.append(PromptCost(rows=0, sequences=0, copies=0))
             continue
         before = _shared(prompts, index, index - 1)
+        if index < len(scored) and scored[index]:
+            before = min(before, max(len(prompt) - scored[index] - 1, 0))
         # With a neighbour, its continuations copy the stem they share (what it shares with
         # the nearest other prompt on either side) and decode the rest and a token; alone
         # with its continuations, it decodes all its tokens and they only their last few.
@@ -200,6 +208,8 @@ class PromptPlan:
     last_row: int
     continuation_rows: tuple[int, ...]
     new_rows: frozenset[int]  # rows on its path decoded in this pass (its stem's too)
+    # The rows whose logits score its last `scored` tokens (the row before each), in order.
+    scored_rows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -220,7 +230,9 @@ class PassPlan:
     @property
     def output_rows(self) -> list[int]:
         """The rows whose logits the prompts read (a spare output row is not one)."""
-        rows = {row for p in self.prompts for row in (p.last_row, *p.continuation_rows)}
+        rows = {
+            row for p in self.prompts for row in (p.last_row, *p.continuation_rows, *p.scored_rows)
+        }
         return sorted(rows)
 
 
@@ -244,6 +256,7 @@ class _Target:
     tokens: np.ndarray
     prompt: int
     continuation: bool
+    scored: int = 0  # its last tokens whose log-probabilities are read: decoded here
     source: int | None = None  # the stream sharing its longest prefix
     shared: int = 0  # tokens in common with that stream
     reused: int = 0  # of those, taken (at least min_rows of it are left to decode)
@@ -335,15 +348,32 @@ class StreamCache:
         free = [s for s in range(self.streams) if s not in self.reserved and s not in exclude]
         return sorted(free, key=lambda s: (len(self.held[s]) > 0, self.last_used[s], s))
 
-    def plan(self, prompts: Sequence[Prompt], boundaries: Sequence[Sequence[int]] = ()) -> PassPlan:
+    def plan(
+        self,
+        prompts: Sequence[Prompt],
+        boundaries: Sequence[Sequence[int]] = (),
+        scored: Sequence[int] = (),
+    ) -> PassPlan:
         """Plan one pass over distinct prompts (each with its continuation tokens).
 
         `boundaries[i]` are positions in prompt i where later prompts are likely to branch
         (after the system turn, after the state). Where the cache can only take whole
         streams, each one no stream holds yet becomes a checkpoint: a stream decoded to
-        exactly there and kept, as long as the pass has streams to spare."""
+        exactly there and kept, as long as the pass has streams to spare. `scored[i]`
+        (default 0) asks for the logits before each of prompt i's last `scored[i]` tokens:
+        those rows are decoded in this pass, never taken from a stream or a shared stem
+        (a resident prefix keeps no logits)."""
+        wanted = [*scored, *[0] * (len(prompts) - len(scored))]
+        for (tokens, _), count in zip(prompts, wanted, strict=True):
+            if not 0 <= count < len(tokens):
+                raise ValueError(f"{count} scored tokens of a {len(tokens)}-token prompt")
         targets = [
-            _Target(np.asarray([*tokens, *extra], dtype=np.int64), index, bool(extra))
+            _Target(
+                np.asarray([*tokens, *extra], dtype=np.int64),
+                index,
+                bool(extra),
+                0 if extra else wanted[index],
+            )
             for index, (tokens, conts) in enumerate(prompts)
             for extra in ([], *([token] for token in conts))
         ]
@@ -357,7 +387,7 @@ class StreamCache:
         if self.whole_only:
             targets += self._checkpoints(prompts, boundaries, self.capacity - len(targets))
         for target in targets:
-            limit = self._cap(target.tokens)
+            limit = self._cap(target)
             target.source, target.shared, target.reused = self._best(target.tokens, limit)
         groups = self._groups(targets)
         self._assign(targets, [group.leader for group in groups])
@@ -406,10 +436,11 @@ class StreamCache:
                 found.append(_Target(np.asarray(prefix, dtype=np.int64), -1, False))
         return found
 
-    def _cap(self, tokens: np.ndarray) -> int:
+    def _cap(self, target: _Target) -> int:
         """The most tokens a sequence may take from elsewhere: the rest is at least
-        `min_rows` rows (a one-token sequence decodes its one row)."""
-        return max(len(tokens) - self.min_rows, 0)
+        `min_rows` rows (a one-token sequence decodes its one row), and holds every row
+        whose logits score its tokens."""
+        return max(len(target.tokens) - max(self.min_rows, target.scored + 1), 0)
 
     def _groups(self, targets: list[_Target]) -> list[_Group]:
         """Targets in token order, cut into the runs that decode the fewest rows in all: a
@@ -455,7 +486,7 @@ class StreamCache:
         return max(stem - reused, 0) + sum(len(member.tokens) - stem for member in members)
 
     def _stem(self, members: list[_Target], common: int) -> int:
-        return min(common, *(self._cap(member.tokens) for member in members))
+        return min(common, *(self._cap(member) for member in members))
 
     def _group(self, members: list[_Target], common: int) -> _Group:
         leader = max(members, key=lambda target: target.reused)
@@ -482,7 +513,7 @@ class StreamCache:
     def _take_prefix(self, target: _Target) -> Copy:
         """The first step's copy that gives the target's stream its reused prefix; a stream
         that already holds as long a prefix of it is only cut."""
-        _, own = self._usable(target.tokens, target.stream, self._cap(target.tokens))
+        _, own = self._usable(target.tokens, target.stream, self._cap(target))
         if own >= target.reused or target.source is None:
             target.reused = own
             return Copy(None, target.stream, own)
@@ -490,9 +521,11 @@ class StreamCache:
 
     @staticmethod
     def _rows(target: _Target, start: int, stop: int) -> list[Row]:
-        last = len(target.tokens) - 1
+        """Rows of its positions start..stop-1; the last row and the rows scoring its last
+        `scored` tokens output logits."""
+        first_output = len(target.tokens) - 1 - target.scored
         return [
-            Row(int(target.tokens[position]), position, target.stream, position == last)
+            Row(int(target.tokens[position]), position, target.stream, position >= first_output)
             for position in range(start, stop)
         ]
 
@@ -552,7 +585,8 @@ class StreamCache:
                     for position in range(target.reused, stem)
                 ] + [numbered[(target.stream, p)] for p in range(stem, len(target.tokens))]
                 # where it would have started without the exact path's MIN_ROWS
-                loose = min(len(target.tokens) - 1, max(target.shared, group.common))
+                end = len(target.tokens) - 1 - target.scored
+                loose = min(end, max(target.shared, group.common))
                 redecoded += max(loose - stem, 0)
         prompts = []
         for index in range(count):
@@ -564,6 +598,7 @@ class StreamCache:
                     last_row=main.rows[-1],
                     continuation_rows=tuple(t.rows[-1] for t in mine if t.continuation),
                     new_rows=frozenset(row for target in mine for row in target.rows),
+                    scored_rows=tuple(main.rows[len(main.rows) - 1 - main.scored : -1]),
                 )
             )
         return PassPlan(

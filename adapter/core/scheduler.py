@@ -85,6 +85,7 @@ class _Job:
     continuations: Sequence[Sequence[int]]
     price: Price  # adapter.core.layout: what each prompt adds to a pass
     boundaries: Sequence[Sequence[int]]  # per prompt: where checkpoints may be kept
+    scored: Sequence[int]  # per prompt: its last tokens whose log-probabilities are read
     deadline: float
     enqueued: float
     cancel: Cancellation
@@ -202,17 +203,22 @@ class Scheduler:
         *,
         cost: Price | None = None,
         boundaries: Sequence[Sequence[int]] = (),
+        scored: Sequence[int] = (),
         retry_token: str | None = None,
     ) -> _Job:
         """Queue a scoring request (already validated); a full queue or more work ahead than
         it may wait is a retryable 503. `cost` is the request's price if the caller already
         asked the layout for it (the service does, for the request budget); `boundaries`
-        per prompt, where the engine may keep checkpoints (LlamaEngine.score);
-        `retry_token` the place in the retry line an earlier refusal gave its client."""
+        per prompt, where the engine may keep checkpoints, and `scored` per prompt, how
+        many of its last tokens are scored (LlamaEngine.score); `retry_token` the place in
+        the retry line an earlier refusal gave its client."""
         if cost is None:
-            cost = price(prompts, continuations, stream_cells=self.engine.stream_cells)
+            cost = price(
+                prompts, continuations, stream_cells=self.engine.stream_cells, scored=scored
+            )
         cuts = boundaries or [()] * len(prompts)
-        job = _Job(prompts, continuations, cost, cuts, deadline, time.monotonic(), cancel)
+        counts = scored or [0] * len(prompts)
+        job = _Job(prompts, continuations, cost, cuts, counts, deadline, time.monotonic(), cancel)
         with self._condition:
             self._refuse_unless_room(retry_token, claim=True)
             self._queue.append(job)
@@ -427,6 +433,7 @@ class Scheduler:
             job.continuations[i] for job, start, end in batch for i in range(start, end)
         ]
         boundaries = [job.boundaries[i] for job, start, end in batch for i in range(start, end)]
+        scored = [job.scored[i] for job, start, end in batch for i in range(start, end)]
         started = time.monotonic()
         for job, _, _ in batch:
             if job.started is None:
@@ -441,6 +448,7 @@ class Scheduler:
                 # Only the queue's head can continue, so its earlier passes came just before.
                 continuing=all(start > 0 for _, start, _ in batch),
                 boundaries=boundaries,
+                scored=scored,
             )
         except Exception as error:  # the worker outlives any one pass
             self._pass_charge = 0

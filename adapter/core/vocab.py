@@ -199,6 +199,13 @@ class Vocabulary:
         length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 256, 0, special)
         return buffer.raw[: max(length, 0)]
 
+    @property
+    def end_of_turn(self) -> int:
+        """The token that ends an assistant's turn: end-of-turn where the vocabulary has
+        one, else end-of-sequence (the likelihood readout scores it after each option)."""
+        eot = int(llama_cpp.llama_vocab_eot(self._vocab))
+        return eot if eot >= 0 else int(llama_cpp.llama_vocab_eos(self._vocab))
+
     def is_end(self, token: int) -> bool:
         """An end-of-generation token (EOS, EOT, ...)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

@@ -76,7 +76,8 @@ def test_single_decision_contract(tiny_client: TestClient) -> None:
     assert 0.0 < result["allowed_token_mass"] <= 1.0
     assert len(result["prompt_sha256"]) == 64
     assert result["prompt_version"] == "semif-direct-options/1"
-    assert "no generated tokens" in result["readout"]
+    assert (result["readout"], result["normalization"]) == ("letters", None)
+    assert "no generated tokens" in result["readout_detail"]
     assert "model" not in result  # identity is reported once per response
     assert body["model"]["file"] == "tiny.gguf"
     serving_info = body["model"]["serving"]

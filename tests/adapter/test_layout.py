@@ -395,3 +395,69 @@ def test_checkpoints_never_crowd_out_the_prompts() -> None:
     roomy = StreamCache(8, 1024, exact=True)
     plan = roomy.plan([(_prompt(1, 100), [])], [cuts])
     assert len(plan.resident) == 1
+
+
+def _branches(rng: random.Random, state: int) -> tuple[list[list[int]], list[int]]:
+    """A likelihood question: one prompt, a branch per option (1-12 tokens, some sharing
+    their first tokens), each scoring its option's tokens."""
+    prompt = _prompt(state, rng.randint(1, 5) * 100, rng.randint(0, 200))
+    options = [
+        [*([500] * rng.choice([0, 0, 2])), *rng.sample(range(600, 700), rng.randint(1, 12))]
+        for _ in range(rng.randint(2, 8))
+    ]
+    return [[*prompt, *option] for option in options], [len(option) for option in options]
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "loose"])
+def test_scored_rows_are_decoded_in_the_pass_with_logits_in_position_order(exact: bool) -> None:
+    """Invariant, over random passes on a warm cache: every row that scores a token is
+    decoded in the pass (a resident prefix keeps no logits), outputs logits, and stands
+    just before the token it scores, on the prompt's own path; the micro-batches stay exact."""
+    rng = random.Random(20261203)
+    cache = StreamCache(40, 700, exact=exact)
+    for _ in range(60):
+        prompts: list[list[int]] = []
+        scored: list[int] = []
+        for _ in range(rng.randint(1, 3)):
+            branches, counts = _branches(rng, rng.randint(1, 4))
+            prompts += branches
+            scored += counts
+        unique = {tuple(p): (p, s) for p, s in zip(prompts, scored, strict=True)}
+        plan = cache.plan(
+            [(p, []) for p, _ in unique.values()], scored=[s for _, s in unique.values()]
+        )
+        _check_micro_batches(plan, exact=exact)
+        rows = plan.rows
+        for (tokens, count), prompt_plan in zip(unique.values(), plan.prompts, strict=True):
+            assert len(prompt_plan.scored_rows) == count
+            positions = [rows[row].position for row in prompt_plan.scored_rows]
+            assert positions == list(range(len(tokens) - count - 1, len(tokens) - 1))
+            assert all(rows[row].logits for row in prompt_plan.scored_rows)
+            assert set(prompt_plan.scored_rows) <= prompt_plan.new_rows
+            assert prompt_plan.reused <= len(tokens) - count - 1
+            assert set(prompt_plan.scored_rows) <= set(plan.output_rows)
+        cache.commit(plan)
+
+
+def test_scored_tokens_must_leave_a_row_to_score_the_first() -> None:
+    with pytest.raises(ValueError, match="scored tokens"):
+        StreamCache(4, 64, exact=True).plan([([1, 2, 3], [])], scored=[3])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_price_bounds_what_scored_branches_decode(seed: int) -> None:
+    """The price invariant above for likelihood questions: branches that share their
+    option's first tokens are still charged every scored row they decode themselves."""
+    rng = random.Random(seed)
+    prompts: list[list[int]] = []
+    scored: list[int] = []
+    for state in rng.sample((1, 2, 3), rng.randint(1, 2)):
+        branches, counts = _branches(rng, state)
+        prompts += branches
+        scored += counts
+    cost = price(prompts, [[] for _ in prompts], stream_cells=512, scored=scored)
+    plan = StreamCache(64, 512, exact=True).plan([(p, []) for p in prompts], scored=scored)
+    states = len({prompt[len(TEMPLATE)] for prompt in prompts})
+    bound = sum(c.rows for c in cost.prompts) + len(TEMPLATE) * states
+    assert len(plan.rows) <= 1.25 * bound, seed
+    assert sum(c.rows for c in cost.prompts) >= sum(count + 1 for count in scored)

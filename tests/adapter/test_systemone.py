@@ -207,6 +207,8 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
         (("questions", "urgency", "criteria"), ..., "questions.urgency.criteria"),
         (("questions", "urgency", "criteria"), {"0": "low"}, "questions.urgency.criteria"),
         (("questions", "urgency", "criteria"), ["low", 2], "questions.urgency.criteria[1]"),
+        (("readout",), 1, "readout"),
+        (("normalization",), ["sum"], "normalization"),
     ],
 )
 def test_schema_failures_are_422_naming_the_field(
@@ -235,6 +237,7 @@ def test_schema_failures_are_422_naming_the_field(
         (("questions", "urgency", "criteria"), ["only"], "questions.urgency.criteria", "2..10"),
         (("questions", "urgency", "criteria"), ["x"] * 11, "questions.urgency.criteria", "2..10"),
         (("questions", "urgency", "criteria"), ["low", " "], "questions.urgency.criteria[1]", ""),
+        (("readout",), "logits", "readout", "is not one of letters, likelihood"),
     ],
 )
 def test_rule_violations_are_400_naming_the_field(

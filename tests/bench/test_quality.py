@@ -44,7 +44,9 @@ def test_a_run_shows_canonical_and_debiased_invariant(tiny_model_dir: Path) -> N
     settings = Settings(model_dir=tiny_model_dir, max_tokens=2048, threads=2)
     with live_server(create_app(settings)) as url:
         client = open_client(url=url, endpoint=None, region=None, timeout_s=60)
-        report = run_quality(client, tasks, folds=2, cost_repeats=1, cost_states=(30,))
+        report = run_quality(
+            client, tasks, folds=2, cost_repeats=1, cost_states=(30,), likelihood_state=30
+        )
     invariance = report["invariance"]
     for mode in ("canonical", "debiased"):
         assert invariance[mode]["argmax_flips"] == {"reversed": 0, "shuffled": 0}
@@ -62,4 +64,18 @@ def test_a_run_shows_canonical_and_debiased_invariant(tiny_model_dir: Path) -> N
         assert 1 < row["token_ratio"] < row["options"]
         assert debiased["evaluated_tokens"] < row["options"] * given["evaluated_tokens"]
     assert set(report["prior"]["prior_recovers"]) == {"accuracy", "nll", "brier"}
-    assert "canonical + prior" in format_quality(report)
+    text = format_quality(report)
+    assert "canonical + prior" in text
+    assert "likelihood pmi" in text
+    likelihood = report["likelihood"]
+    for normalization, row in likelihood["invariance"].items():  # by construction
+        assert row["argmax_flips"] == {"reversed": 0, "shuffled": 0}, normalization
+        assert max(row["mean_tv"].values()) == 0.0, normalization
+        assert row["nll"] > 0
+    assert [row["options"] for row in likelihood["cost"]] == [3, 5, 8, 32]
+    small, large = likelihood["cost"][0], likelihood["cost"][-1]
+    assert small["tokens_vs_canonical"] > 0
+    assert small["tokens_vs_debiased"] > 0
+    assert large["canonical"] is None
+    assert large["tokens_vs_debiased"] is None
+    assert large["likelihood"]["evaluated_tokens"] > small["likelihood"]["evaluated_tokens"]

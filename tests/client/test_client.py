@@ -80,6 +80,10 @@ def test_decide_and_decide_many(url: str) -> None:
     assert len(result.prompt_sha256) == 64
     shared = client.decide_many([decision("a"), decision("b", question="Is it urgent?")])
     assert [r.id for r in shared] == ["a", "b"]
+    assert result.readout == "letters"
+    likely = client.decide(decision(), readout="likelihood", normalization="mean")
+    assert (likely.readout, likely.raw["normalization"]) == ("likelihood", "mean")
+    assert likely.option_ids == result.option_ids
 
 
 def test_systemone_and_chat_return_typed_answers(url: str) -> None:

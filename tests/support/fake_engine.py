@@ -96,6 +96,7 @@ class FakeEngine:
         *,
         continuing: bool,
         boundaries: Sequence[Sequence[int]] = (),
+        scored: Sequence[int] = (),
     ) -> tuple[list[PromptScore], BatchTiming]:
         started = self.clock.monotonic()
         self.entered.set()

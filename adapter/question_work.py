@@ -1,0 +1,147 @@
+"""What one question sends to the engine and how its scores become a readout.
+
+A question is read by letters (adapter.readout: one prompt, the label continuations of its
+two-token labels) or by likelihood (adapter.likelihood: one prompt and a branch per option,
+plus, for `pmi`, a branch per option after the neutral prompt unless the service already
+knows that option's neutral score). The service flattens every question's entries into one
+scheduler job and hands each question back the scores of its own entries, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from adapter.likelihood import ReadoutChoice, read_likelihood
+from adapter.readout import SlotReadout, read_labels
+
+
+class PromptScore(Protocol):
+    """What a question reads of an entry's score (adapter.core.engine.PromptScore has it;
+    the service hands it over, so this module stays outside the serving core)."""
+
+    @property
+    def logits(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def next_logits(self) -> Mapping[int, npt.NDArray[np.float32]]: ...
+    @property
+    def reused_tokens(self) -> int: ...
+    @property
+    def token_logprobs(self) -> tuple[float, ...]: ...
+    @property
+    def scored_top_token(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One prompt for the engine: tokens, label continuations, how many of its last tokens
+    are scored, and where checkpoints may be kept (LlamaEngine.score)."""
+
+    tokens: list[int]
+    continuations: list[int]
+    scored: int
+    boundaries: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LetterWork:
+    """A letter-read question: its prompt, sent once per group of label continuations that
+    fits a pass beside it (a small KV budget); every entry scores the prompt identically."""
+
+    text: str
+    entries: list[Entry]
+    labels: list[tuple[int, ...]]
+
+    @classmethod
+    def of(
+        cls,
+        text: str,
+        tokens: list[int],
+        labels: list[tuple[int, ...]],
+        boundaries: tuple[int, ...],
+        per_pass: int,
+    ) -> LetterWork:
+        firsts = sorted({label[0] for label in labels if len(label) > 1})
+        entries = [
+            Entry(tokens, firsts[start : start + per_pass], 0, boundaries)
+            for start in range(0, max(len(firsts), 1), per_pass)
+        ]
+        return cls(text, entries, labels)
+
+    def read(self, scores: Sequence[PromptScore]) -> SlotReadout:
+        continued = {token: logits for s in scores for token, logits in s.next_logits.items()}
+        return read_labels(scores[0].logits, continued, self.labels)
+
+    def input_tokens(self) -> int:
+        return len(self.entries[0].tokens)
+
+    def reused_tokens(self, scores: Sequence[PromptScore]) -> int:
+        return scores[0].reused_tokens
+
+
+@dataclass(frozen=True)
+class LikelihoodWork:
+    """A likelihood-read question: a branch per option (prompt, option, end of turn), then
+    for `pmi` a branch after the neutral prompt per option whose neutral score is unknown."""
+
+    text: str
+    entries: list[Entry]
+    choice: ReadoutChoice
+    options: list[list[int]]  # each option's scored tokens (its own and the end of turn)
+    neutral: list[float | None]  # known neutral scores (pmi), None where a branch asks
+
+    @classmethod
+    def of(
+        cls,
+        text: str,
+        branches: list[list[int]],
+        options: list[list[int]],
+        choice: ReadoutChoice,
+        boundaries: tuple[int, ...],
+        neutral: tuple[list[int], list[float | None]] | None = None,
+    ) -> LikelihoodWork:
+        """`branches[i]` is the prompt followed by `options[i]`; `neutral` the neutral
+        prompt's tokens and each option's known neutral score (pmi only)."""
+        entries = [
+            Entry(branch, [], len(option), boundaries)
+            for branch, option in zip(branches, options, strict=True)
+        ]
+        known: list[float | None] = [None] * len(options)
+        if neutral is not None:
+            prompt, known = neutral
+            entries += [
+                Entry([*prompt, *option], [], len(option), ())
+                for option, score in zip(options, known, strict=True)
+                if score is None
+            ]
+        return cls(text, entries, choice, options, known)
+
+    def read(self, scores: Sequence[PromptScore]) -> SlotReadout:
+        count = len(self.options)
+        return read_likelihood(
+            [score.token_logprobs for score in scores[:count]],
+            self.choice,
+            neutral=self.neutral_scores(scores) if self.choice.normalization == "pmi" else None,
+            top_token_id=scores[0].scored_top_token or 0,
+        )
+
+    def neutral_scores(self, scores: Sequence[PromptScore]) -> list[float]:
+        """Every option's neutral score: the known ones, the rest from their branches."""
+        fresh = iter(scores[len(self.options) :])
+        return [
+            known if known is not None else sum(next(fresh).token_logprobs)
+            for known in self.neutral
+        ]
+
+    def input_tokens(self) -> int:
+        return sum(len(entry.tokens) for entry in self.entries)
+
+    def reused_tokens(self, scores: Sequence[PromptScore]) -> int:
+        return sum(score.reused_tokens for score in scores)
+
+
+QuestionWork = LetterWork | LikelihoodWork
