@@ -176,6 +176,20 @@ def realtime_endpoint(template: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
     return name, endpoint
 
 
+def assert_role_policy_has(template: Template, role_prefix: str, expected: list[Any]) -> None:
+    """An IAM policy attached to the role whose logical id starts with `role_prefix` holds
+    each of `expected` (statements matched object-like, among others)."""
+    template.has_resource_properties(
+        "AWS::IAM::Policy",
+        {
+            "Roles": [{"Ref": Match.string_like_regexp(f"^{role_prefix}")}],
+            "PolicyDocument": {
+                "Statement": Match.array_with([Match.object_like(s) for s in expected])
+            },
+        },
+    )
+
+
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 

@@ -19,6 +19,7 @@ from stacks.environments import ENVIRONMENTS
 from tests.cdk.support import (
     Synth,
     as_list,
+    assert_role_policy_has,
     import_value,
     logical_id,
     resources,
@@ -332,15 +333,7 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
             "Resource": "*",
         },
     ]
-    template.has_resource_properties(
-        "AWS::IAM::Policy",
-        {
-            "Roles": [{"Ref": Match.string_like_regexp("^DecisionExecutionRole")}],
-            "PolicyDocument": {
-                "Statement": Match.array_with([Match.object_like(s) for s in expected])
-            },
-        },
-    )
+    assert_role_policy_has(template, "DecisionExecutionRole", expected)
 
 
 @pytest.mark.parametrize("env", ["dev", "prod", "gpu"])

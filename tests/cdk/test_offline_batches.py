@@ -19,6 +19,7 @@ from stacks.environments import ENVIRONMENTS
 from tests.cdk.support import (
     Synth,
     as_list,
+    assert_role_policy_has,
     import_value,
     realtime_endpoint,
     resources,
@@ -117,15 +118,7 @@ def test_the_decision_role_runs_transform_jobs_on_exact_prefixes(synth: Synth, e
             "Resource": "*",
         },
     ]
-    template.has_resource_properties(
-        "AWS::IAM::Policy",
-        {
-            "Roles": [{"Ref": Match.string_like_regexp("^DecisionExecutionRole")}],
-            "PolicyDocument": {
-                "Statement": Match.array_with([Match.object_like(s) for s in expected])
-            },
-        },
-    )
+    assert_role_policy_has(template, "DecisionExecutionRole", expected)
     # Nothing else of the bucket: the model object, the batch input and the batch output.
     role = _role_statements(synth.raw(env, "decision"), "DecisionExecutionRole")
     suffixes = {
@@ -323,15 +316,7 @@ def test_async_role_reads_requests_writes_answers_and_publishes_outcomes(
             "Resource": _key(env),
         },
     ]
-    template.has_resource_properties(
-        "AWS::IAM::Policy",
-        {
-            "Roles": [{"Ref": Match.string_like_regexp("^AsyncExecutionRole")}],
-            "PolicyDocument": {
-                "Statement": Match.array_with([Match.object_like(s) for s in expected])
-            },
-        },
-    )
+    assert_role_policy_has(template, "AsyncExecutionRole", expected)
     role = _role_statements(synth.raw(env, "decision"), "AsyncExecutionRole")
     actions = {action for s in role for action in as_list(s["Action"])}
     assert "s3:ListBucket" not in actions  # InputLocation names one object
