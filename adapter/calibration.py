@@ -9,8 +9,11 @@ where a question is read that way:
 - the position prior for the question's option count is divided out in `canonical` mode
   only: `as_given` is the reference behaviour, `debiased` averages positions out itself,
   and an ordinal score question's positions are its levels, not a bias.
-A calibration fitted under another prompt version read other prompts: it is refused at
-start (`check_calibration`), because a stale calibration is worse than none.
+A question read by likelihood (adapter.likelihood) gets the temperature of the calibration's
+`likelihood` section for its normalization and kind, when it has one; no prior (its options
+have no positions). A calibration fitted under another prompt version read other prompts:
+it is refused at start (`check_calibration`), the likelihood section against the likelihood
+prompt this server renders, because a stale calibration is worse than none.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.prompts import PROMPT_VERSION
-from model_build.calibration import Calibration, OptionOrder, QuestionKind
+from adapter.likelihood import Listing
+from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
+from model_build.calibration import Calibration, Normalization, OptionOrder, QuestionKind
 
 
 class CalibrationMismatchError(RuntimeError):
@@ -38,15 +42,23 @@ class Correction:
 NONE = Correction()
 
 
-def check_calibration(calibration: Calibration | None) -> None:
-    """At start: refuse a calibration fitted under another prompt version."""
-    if calibration is not None and calibration.prompt_version != PROMPT_VERSION:
-        raise CalibrationMismatchError(
-            f"the manifest's calibration was fitted under prompt version "
-            f"{calibration.prompt_version!r}, but this adapter renders {PROMPT_VERSION!r}; "
-            "refit it with semif-calibrate against this adapter and rebuild the model "
-            "(model-build --calibration FILE), or build without --calibration"
-        )
+def check_calibration(calibration: Calibration | None, listing: Listing) -> None:
+    """At start: refuse a calibration fitted under another prompt version than this adapter
+    renders (its likelihood section: than the likelihood prompt of `listing`)."""
+    if calibration is None:
+        return
+    fitted = [(calibration.prompt_version, PROMPT_VERSION, "")]
+    if calibration.likelihood is not None:
+        rendered = LIKELIHOOD_PROMPT_VERSIONS[listing]
+        fitted.append((calibration.likelihood.prompt_version, rendered, "likelihood "))
+    for version, expected, section in fitted:
+        if version != expected:
+            raise CalibrationMismatchError(
+                f"the manifest's {section}calibration was fitted under prompt version "
+                f"{version!r}, but this adapter renders {expected!r}; refit it with "
+                "semif-calibrate against this adapter and rebuild the model "
+                "(model-build --calibration FILE), or build without --calibration"
+            )
 
 
 def correction(
@@ -67,6 +79,15 @@ def correction(
         prior=prior if mode == "canonical" and not ordinal else None,
         applied=applies,
     )
+
+
+def likelihood_correction(
+    calibration: Calibration | None, kind: QuestionKind, normalization: Normalization
+) -> Correction:
+    """The temperature a likelihood-read question of `kind` gets under `normalization`."""
+    fitted = calibration.likelihood if calibration is not None else None
+    temperature = fitted.temperature(normalization, kind) if fitted is not None else None
+    return NONE if temperature is None else Correction(temperature=temperature, applied=True)
 
 
 def describe(calibration: Calibration | None, used: Correction) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import Any
 from adapter.calibration import describe
 from adapter.cancel import Cancellation
 from adapter.ordering import Variants
-from adapter.prompts import LIKELIHOOD_PROMPT_VERSION, PROMPT_VERSION, prompt_sha256
+from adapter.prompts import PROMPT_VERSION, prompt_sha256
 from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy, decision_paths
 from adapter.service import DecisionService
 
@@ -35,7 +35,7 @@ def decide(
     # Read by likelihood, options are always listed in the content-derived order.
     order = "canonical" if choice.likelihood else policy.option_order or service.option_order
     variants = [Variants.of(d, "choice", order, service.calibration, choice) for d in decisions]
-    version = LIKELIHOOD_PROMPT_VERSION if choice.likelihood else PROMPT_VERSION
+    version = service.likelihood_prompt_version if choice.likelihood else PROMPT_VERSION
     paths = decision_paths(mode, len(decisions))
     readings, batch = service.read_variants(variants, paths, cancel, retry_token=retry_token)
     results = []

@@ -29,11 +29,13 @@ import numpy as np
 
 from adapter.errors import ApiError, RequestError
 from adapter.readout import NonFiniteLogitsError, SlotReadout, softmax
+from model_build.calibration import Normalization
 
 Readout = Literal["letters", "likelihood"]
 READOUTS: tuple[Readout, ...] = ("letters", "likelihood")
-Normalization = Literal["sum", "mean", "pmi"]
-NORMALIZATIONS: tuple[Normalization, ...] = ("sum", "mean", "pmi")
+# Whether the likelihood prompt lists the options (adapter.prompts.likelihood_messages).
+Listing = Literal["listed", "unlisted"]
+LISTINGS: tuple[Listing, ...] = ("listed", "unlisted")
 # Options one likelihood question may declare: each is a branch (a KV stream for a pass), so
 # the request token budget binds long before this; the cap keeps a request's plan small.
 MAX_LIKELIHOOD_OPTIONS = 1024
@@ -44,7 +46,7 @@ class ReadoutChoice:
     """How a question's options are read: letters, or likelihood under a normalization."""
 
     method: Readout = "letters"
-    normalization: Normalization = "sum"
+    normalization: Normalization = "mean"
 
     @property
     def likelihood(self) -> bool:

@@ -146,4 +146,10 @@ def calibration_summary(calibration: Calibration | None) -> dict[str, Any] | Non
         "option_order": calibration.option_order,
         "temperatures": dict(calibration.temperatures),
         "tasks_sha256": calibration.tasks_sha256,
+        "likelihood": None
+        if calibration.likelihood is None
+        else {
+            "prompt_version": calibration.likelihood.prompt_version,
+            "temperatures": calibration.likelihood.temperatures,
+        },
     }

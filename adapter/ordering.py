@@ -31,7 +31,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from adapter.calibration import NONE, Correction, correction
+from adapter.calibration import Correction, correction, likelihood_correction
 from adapter.likelihood import LETTERS, ReadoutChoice
 from adapter.readout import SlotReadout, corrected, log_mean, log_softmax
 from adapter.schema import Decision, Option
@@ -157,10 +157,12 @@ class Variants:
     ) -> Variants:
         """A question of `kind` read in `mode` under the model's calibration. Read by
         likelihood, one prompt lists the options in the canonical order whatever `mode`
-        says (order-invariant by construction), and no letter calibration applies."""
+        says (order-invariant by construction), with the calibration's likelihood
+        temperature for its normalization and kind."""
         if readout.likelihood:
             order = canonical_order(decision.options)
-            return cls(decision, (order,), NONE, kind, "canonical", readout)
+            fix = likelihood_correction(calibration, kind, readout.normalization)
+            return cls(decision, (order,), fix, kind, "canonical", readout)
         orders = plan(decision.options, mode, ordinal=kind == "score")
         fix = correction(calibration, kind, mode, len(decision.options))
         return cls(decision, orders, fix, kind, mode, readout)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -28,12 +28,17 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from adapter.likelihood import Listing
 from adapter.schema import Decision, Option
 
 PROMPT_VERSION = "semif-direct-options/1"
-# The likelihood readout's prompt (adapter.likelihood): options listed without labels, each
-# scored as the assistant's whole answer.
-LIKELIHOOD_PROMPT_VERSION = "semif-option-likelihood/1"
+# The likelihood readout's prompts (adapter.likelihood), one per listing: the options listed
+# without position labels (each as its answer text, then its description where a `label`
+# names it), or not listed at all; either way each option is scored as the whole answer.
+LIKELIHOOD_PROMPT_VERSIONS: dict[Listing, str] = {
+    "listed": "semif-option-likelihood/1",
+    "unlisted": "semif-option-likelihood-unlisted/1",
+}
 # Option labels. Up to 52 options each gets one letter, A..Z then a..z (one token each);
 # above 52 every option gets a capital letter plus a digit, A0..Z9 (two tokens each), so the
 # labels of one prompt are never token prefixes of each other. The decision API's 16
@@ -52,6 +57,11 @@ LIKELIHOOD_SYSTEM_PROMPT = (
     "choose the one option that fits best. Reply with that option's text exactly as written."
 )
 LIKELIHOOD_INSTRUCTION = "Reply with one option's text, exactly as written."
+UNLISTED_SYSTEM_PROMPT = (
+    "You are a decision model. Apply the criterion in the question to the evidence and "
+    "reply with the answer only, in as few words as possible."
+)
+UNLISTED_INSTRUCTION = "Reply with the answer only."
 
 
 # Lone surrogates: valid requests cannot contain them (adapter.http refuses them).
@@ -209,29 +219,54 @@ def decision_messages(decision: Decision, *, marked: bool = False) -> list[dict[
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
 
 
-def likelihood_messages(decision: Decision, *, marked: bool = False) -> list[dict[str, str]]:
-    """The likelihood readout's turns: as `decision_messages`, the options listed without
-    labels in the order given (the caller passes the content-derived order)."""
+def answer_text(option: Option) -> str:
+    """The words the likelihood readout scores as an option's answer: its `label` when it
+    has one (a short name: fewer rows per branch), else its description."""
+    return (option.label or option.description).strip()
+
+
+def likelihood_messages(
+    decision: Decision, listing: Listing, *, marked: bool = False
+) -> list[dict[str, str]]:
+    """The likelihood readout's turns. `listed`: as `decision_messages`, the options listed
+    without position labels in the order given (the caller passes the content-derived
+    order), each as its answer text, then ": description" where a label names it;
+    `unlisted`: only the evidence and the question, so the model answers in its own words
+    and the prompt does not grow with the options."""
 
     def user(text: str) -> str:
         return mark_user_text(text) if marked else text
 
-    option_lines = "\n".join(f"- {user(option.description)}" for option in decision.options)
-    content = (
-        f"Evidence:\n{user(decision.state_text)}\n\n"
-        f"Question: {user(decision.question)}\n\n"
-        f"Options:\n{option_lines}\n\n"
-        f"{LIKELIHOOD_INSTRUCTION}"
-    )
+    evidence = f"Evidence:\n{user(decision.state_text)}\n\nQuestion: {user(decision.question)}"
+    if listing == "unlisted":
+        content = f"{evidence}\n\n{UNLISTED_INSTRUCTION}"
+        return [
+            {"role": "system", "content": UNLISTED_SYSTEM_PROMPT},
+            {"role": "user", "content": content},
+        ]
+    option_lines = "\n".join(_listed(option, user) for option in decision.options)
+    content = f"{evidence}\n\nOptions:\n{option_lines}\n\n{LIKELIHOOD_INSTRUCTION}"
     return [
         {"role": "system", "content": LIKELIHOOD_SYSTEM_PROMPT},
         {"role": "user", "content": content},
     ]
 
 
-def neutral_messages() -> list[dict[str, str]]:
-    """The fixed prompt `pmi` divides out: the same turns with no evidence, question or
+def _listed(option: Option, user: Callable[[str], str]) -> str:
+    """One option's line in the listed prompt: the answer text first, as it is scored."""
+    if option.label is None:
+        return f"- {user(option.description)}"
+    return f"- {user(option.label)}: {user(option.description)}"
+
+
+def neutral_messages(listing: Listing) -> list[dict[str, str]]:
+    """The fixed prompt `pmi` divides out: the listing's turns with no evidence, question or
     options, so an option's probability after it is its prior as an answer."""
+    if listing == "unlisted":
+        return [
+            {"role": "system", "content": UNLISTED_SYSTEM_PROMPT},
+            {"role": "user", "content": UNLISTED_INSTRUCTION},
+        ]
     return [
         {"role": "system", "content": LIKELIHOOD_SYSTEM_PROMPT},
         {"role": "user", "content": LIKELIHOOD_INSTRUCTION},
@@ -262,12 +297,14 @@ def render_decision_prompt(template: ChatTemplate, decision: Decision) -> Render
     return render_marked(template, decision_messages(decision, marked=True))
 
 
-def render_likelihood_prompt(template: ChatTemplate, decision: Decision) -> RenderedPrompt:
-    return render_marked(template, likelihood_messages(decision, marked=True))
+def render_likelihood_prompt(
+    template: ChatTemplate, decision: Decision, listing: Listing
+) -> RenderedPrompt:
+    return render_marked(template, likelihood_messages(decision, listing, marked=True))
 
 
-def render_neutral_prompt(template: ChatTemplate) -> RenderedPrompt:
-    return render_marked(template, neutral_messages())
+def render_neutral_prompt(template: ChatTemplate, listing: Listing) -> RenderedPrompt:
+    return render_marked(template, neutral_messages(listing))
 
 
 def render_chat_prompt(

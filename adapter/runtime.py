@@ -67,7 +67,8 @@ def load_service(
     files = resolve_model_files(
         settings.model_dir, settings.gguf_path, require_manifest=settings.manifest_required
     )
-    check_calibration(files.calibration)  # before the load: a stale fit is refused at once
+    # Before the load: a stale fit is refused at once.
+    check_calibration(files.calibration, settings.likelihood_prompt)
     loaded = prepare_model(
         LlamaEngine(
             files.gguf,
@@ -111,6 +112,7 @@ def load_service(
         calibration=files.calibration,
         option_order=settings.option_order,
         readout=settings.readout_choice,
+        listing=settings.likelihood_prompt,
         limits=settings.queue_limits,
         metrics=metrics,
     )

@@ -11,7 +11,9 @@ thresholds `min_confidence` (on the top option's probability) and `min_allowed_t
 a threshold still carries its full distribution; it says `abstained: true` and why. And
 `readout` (`letters`, or `likelihood` with a `normalization`: adapter.likelihood; the
 server's SEMIF_READOUT and SEMIF_NORMALIZATION when absent): a likelihood question may
-declare up to MAX_LIKELIHOOD_OPTIONS options, a letter question MAX_OPTIONS.
+declare up to MAX_LIKELIHOOD_OPTIONS options, a letter question MAX_OPTIONS. An option may
+carry a `label` (up to MAX_LABEL_CHARS): the words the likelihood readout scores as its
+answer instead of its description; the letter readout does not read it.
 """
 
 from __future__ import annotations
@@ -26,18 +28,17 @@ from adapter.errors import RequestError
 from adapter.fields import JsonState
 from adapter.likelihood import (
     MAX_LIKELIHOOD_OPTIONS,
-    NORMALIZATIONS,
     READOUTS,
-    Normalization,
     Readout,
     ReadoutChoice,
     choose,
 )
-from model_build.calibration import OPTION_ORDERS, OptionOrder
+from model_build.calibration import NORMALIZATIONS, OPTION_ORDERS, Normalization, OptionOrder
 
 MIN_OPTIONS = 2
 MAX_OPTIONS = 16
 MAX_ID_CHARS = 256
+MAX_LABEL_CHARS = 256  # an option's likelihood answer text: a short name, not a paragraph
 Mode = Literal["single", "shared"]
 
 
@@ -45,6 +46,9 @@ Mode = Literal["single", "shared"]
 class Option:
     id: str
     description: str
+    # The words the likelihood readout scores as this option's answer instead of the
+    # description (adapter.prompts.answer_text); the letter readout does not read it.
+    label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,7 @@ def _options(container: dict[str, Any], path: str, max_options: int) -> tuple[Op
     for index, item in enumerate(raw):
         item_path = f"{options_path}[{index}]"
         entry = fields.json_object(item, item_path)
-        fields.only_fields(entry, item_path, ("id", "description"))
+        fields.only_fields(entry, item_path, ("id", "description", "label"))
         id_path = f"{item_path}.id"
         option_id = fields.text(
             fields.required(entry, "id", item_path), id_path, max_chars=MAX_ID_CHARS
@@ -173,7 +177,16 @@ def _options(container: dict[str, Any], path: str, max_options: int) -> tuple[Op
             raise RequestError(id_path, f"duplicate {json.dumps(option_id)}")
         seen.add(option_id)
         description = fields.required(entry, "description", item_path)
-        options.append(Option(option_id, fields.text(description, f"{item_path}.description")))
+        label = entry.get("label")
+        options.append(
+            Option(
+                option_id,
+                fields.text(description, f"{item_path}.description"),
+                None
+                if label is None
+                else fields.text(label, f"{item_path}.label", max_chars=MAX_LABEL_CHARS),
+            )
+        )
     return tuple(options)
 
 

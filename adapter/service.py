@@ -9,6 +9,7 @@ and hand all decoding to the scheduler's worker (adapter.core.scheduler), then w
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -31,14 +32,16 @@ from adapter.core.layout import Price, common_prefix_length, distinct_tokens, pr
 from adapter.core.scheduler import JobTiming, Scheduler
 from adapter.errors import RequestError, shutting_down
 from adapter.labels import LabelError, LabelSet
-from adapter.likelihood import LETTERS, ReadoutChoice, option_tokens
+from adapter.likelihood import LETTERS, Listing, ReadoutChoice, option_tokens
 from adapter.metrics import Metrics
 from adapter.ordering import Reading, Variants, expand, read
 from adapter.prompts import (
+    LIKELIHOOD_PROMPT_VERSIONS,
     ChatTemplate,
     RenderedPrompt,
     TemplateRenderError,
     answer_labels,
+    answer_text,
     render_chat_prompt,
     render_decision_prompt,
     render_likelihood_prompt,
@@ -103,6 +106,7 @@ class DecisionService:
     calibration: Calibration | None = None  # the model manifest's (adapter.calibration)
     option_order: OptionOrder = "canonical"  # SEMIF_OPTION_ORDER: requests may override it
     readout: ReadoutChoice = LETTERS  # SEMIF_READOUT and SEMIF_NORMALIZATION: likewise
+    listing: Listing = "unlisted"  # SEMIF_LIKELIHOOD_PROMPT: whether options are listed
     limits: QueueLimits = field(default_factory=QueueLimits)
     health: Health = field(default_factory=Health)
     metrics: Metrics | None = None  # hears every pass and every question's readout
@@ -175,6 +179,11 @@ class DecisionService:
             if self._closed:
                 raise shutting_down()
             yield self.engine
+
+    @property
+    def likelihood_prompt_version(self) -> str:
+        """The version of the likelihood prompt this service renders (its listing's)."""
+        return LIKELIHOOD_PROMPT_VERSIONS[self.listing]
 
     def piece(self, token: int) -> str:
         """A token's text (the readout's top token), unless the model is being freed."""
@@ -328,7 +337,7 @@ class DecisionService:
         the prompt (adapter.likelihood.option_tokens); for pmi, the neutral branches the
         cache does not already answer."""
         try:
-            prompt = render_likelihood_prompt(self.template, decision)
+            prompt = render_likelihood_prompt(self.template, decision, self.listing)
         except (TemplateRenderError, ValueError) as error:
             raise RequestError(path, str(error)) from None
         hint = "; shorten the state, question or options"
@@ -353,8 +362,9 @@ class DecisionService:
     def _answers(
         self, prompt: RenderedPrompt, tokens: list[int], decision: Decision, path: str, hint: str
     ) -> list[list[int]]:
-        """Each option's scored tokens after `prompt`: its description's, then the end of
-        the assistant's turn (so an option that is another's prefix is not favoured)."""
+        """Each option's scored tokens after `prompt`: its answer text's (its label, else its
+        description), then the end of the assistant's turn (so an option that is another's
+        prefix is not favoured)."""
         with self._vocabulary() as engine:
             end = engine.vocab.end_of_turn
         if end < 0:
@@ -364,10 +374,18 @@ class DecisionService:
                 "whole answer cannot be scored; use the letters readout",
             )
         answers = []
+        said: dict[tuple[int, ...], str] = {}  # answer tokens -> the option that has them
         for option in decision.options:
-            text = option.description.strip()
-            branch = self.tokenize_prompt(with_answer(prompt, text), path, hint)
+            branch = self.tokenize_prompt(with_answer(prompt, answer_text(option)), path, hint)
             answer = option_tokens(branch, tokens, f"{path}.options", option.id)
+            twin = said.setdefault(tuple(answer), option.id)
+            if twin != option.id:  # the same words score the same: they cannot be told apart
+                raise RequestError(
+                    f"{path}.options",
+                    f"options {json.dumps(twin)} and {json.dumps(option.id)} have the same "
+                    "answer text (label, else description); the likelihood readout cannot "
+                    "tell them apart",
+                )
             if len(tokens) + len(answer) + 1 > self.max_tokens:
                 raise RequestError(
                     path,
@@ -381,7 +399,7 @@ class DecisionService:
         """The neutral prompt and its tokens (rendered once; no request text in it)."""
         if self._neutral is None:
             try:
-                prompt = render_neutral_prompt(self.template)
+                prompt = render_neutral_prompt(self.template, self.listing)
             except (TemplateRenderError, ValueError) as error:
                 raise RequestError("normalization", str(error)) from None
             self._neutral = (prompt, self.tokenize_prompt(prompt, "normalization"))

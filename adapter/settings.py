@@ -21,9 +21,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from adapter.kv_memory import AUTO, KvBudget, KvMemoryError
-from adapter.likelihood import NORMALIZATIONS, READOUTS, Normalization, Readout, ReadoutChoice
+from adapter.likelihood import (
+    LISTINGS,
+    READOUTS,
+    Listing,
+    Readout,
+    ReadoutChoice,
+)
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
-from model_build.calibration import OPTION_ORDERS, OptionOrder
+from model_build.calibration import NORMALIZATIONS, OPTION_ORDERS, Normalization, OptionOrder
 
 # Where SageMaker unpacks model.tar.gz; serving from here is what "inside SageMaker" means.
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
@@ -112,7 +118,10 @@ class Settings:
     # How options are read when a request does not say (adapter.likelihood): the letters
     # stay the default until the likelihood readout measures better (docs/decision-quality.md).
     readout: Readout = "letters"
-    normalization: Normalization = "sum"
+    normalization: Normalization = "mean"  # measured the best calibrated (decision-quality.md)
+    # Whether the likelihood prompt lists the options (adapter.prompts.likelihood_messages):
+    # not by default, measured better and cheaper (docs/decision-quality.md).
+    likelihood_prompt: Listing = "unlisted"
     # Which of llama.cpp's extra weight buffer types may hold weights (adapter.weight_buffers).
     weight_buffers: WeightBuffers = "auto"
     # What the KV cache may take; the number of streams follows (adapter.kv_memory).
@@ -343,6 +352,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         option_order=_choice(env, "SEMIF_OPTION_ORDER", OPTION_ORDERS, Settings.option_order),
         readout=_choice(env, "SEMIF_READOUT", READOUTS, Settings.readout),
         normalization=_choice(env, "SEMIF_NORMALIZATION", NORMALIZATIONS, Settings.normalization),
+        likelihood_prompt=_choice(
+            env, "SEMIF_LIKELIHOOD_PROMPT", LISTINGS, Settings.likelihood_prompt
+        ),
         weight_buffers=_choice(
             env, "SEMIF_WEIGHT_BUFFERS", WEIGHT_BUFFERS, Settings.weight_buffers
         ),

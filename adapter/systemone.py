@@ -34,11 +34,11 @@ from adapter import fields
 from adapter.cancel import Cancellation
 from adapter.errors import RequestError, SchemaError
 from adapter.fields import JsonState, member_path
-from adapter.likelihood import LETTERS, Normalization, Readout, ReadoutChoice
+from adapter.likelihood import LETTERS, Readout, ReadoutChoice
 from adapter.ordering import Variants
 from adapter.schema import Decision, Option, normalization, option_order, readout_method
 from adapter.service import DecisionService, ScoredBatch
-from model_build.calibration import OptionOrder
+from model_build.calibration import Normalization, OptionOrder
 
 Kind = Literal["noul", "choice", "score"]
 KINDS: tuple[Kind, ...] = ("noul", "choice", "score")

@@ -6,7 +6,9 @@ SageMaker endpoint or a local `serve`, then:
   in each cyclic rotation of its canonical order; the prior is the softmax of the mean
   position log-probability over the rotations, averaged over decisions (no labels used);
 - fits one softmax temperature per question kind, minimising NLL over a bounded range
-  (golden-section search on log T), for the option order the file is written for;
+  (golden-section search on log T), for the option order the file is written for, and
+  (unless --no-likelihood) one per normalization and nominal kind for the likelihood
+  readout, from each task read by likelihood under sum, mean and pmi;
 - reports, on k held-out folds (prior and temperatures fitted on the other folds), accuracy,
   NLL, Brier and top-label ECE (10 bins) before and after, for every option order, how much
   of debiased's gain the prior recovers in canonical mode at one prompt per decision, and a
@@ -19,6 +21,7 @@ adapter.calibration) from the letter scores of the exact prompts the adapter ren
 what is fitted here is what the adapter serves. The scores come from one shared request per
 task, read `as_given`, whose decisions are the task in every order needed (they share the
 state prefix); `option_logits` are raw, so a calibration already in force changes nothing.
+The likelihood readout's scores come from one request per task and normalization.
 """
 
 from __future__ import annotations
@@ -29,23 +32,26 @@ import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from adapter.calibration import correction
+from adapter.calibration import correction, likelihood_correction
 from adapter.ordering import Order, arrange, canonical_order, distribution, plan, rotations
 from adapter.readout import log_softmax, softmax
 from bench.metrics import ECE_BINS, Answer, accuracy, brier_score, top_label_ece
 from bench.runner import Invoker, save_figure, target_client
-from bench.tasks import Task, load_tasks, shared_body
+from bench.tasks import Task, load_tasks, shared_body, single_body
 from model_build.calibration import (
+    NORMALIZATIONS,
     OPTION_ORDERS,
     QUESTION_KINDS,
     Calibration,
+    LikelihoodCalibration,
+    Normalization,
     OptionOrder,
     QuestionKind,
 )
@@ -68,6 +74,9 @@ class Scored:
 
     task: Task
     rows: Mapping[Order, Vector]
+    # Read by likelihood: the options' log-probabilities in the task's order, per
+    # normalization (none for score tasks, which are read by letters, or with --no-likelihood).
+    likelihood: Mapping[Normalization, Vector] = field(default_factory=dict)
 
     @property
     def kind(self) -> QuestionKind:
@@ -85,7 +94,20 @@ class Scored:
         return distribution(orders, [self.rows[order] for order in orders], fix)
 
     def answer(self, mode: OptionOrder, calibration: Calibration | None) -> Answer:
-        values = self.probabilities(mode, calibration)
+        return self._answer(self.probabilities(mode, calibration))
+
+    def likely(self, normalization: Normalization, calibration: Calibration | None) -> Vector:
+        """What the adapter serves for this task read by likelihood under `normalization`."""
+        fix = likelihood_correction(calibration, self.kind, normalization)
+        identity = tuple(range(len(self.task.labels)))
+        return distribution([identity], [self.likelihood[normalization]], fix)
+
+    def likely_answer(
+        self, normalization: Normalization, calibration: Calibration | None
+    ) -> Answer:
+        return self._answer(self.likely(normalization, calibration))
+
+    def _answer(self, values: Vector) -> Answer:
         return Answer(dict(zip(self.task.labels, (float(v) for v in values), strict=True)))
 
 
@@ -100,9 +122,12 @@ def needed_orders(task: Task) -> list[Order]:
     return orders
 
 
-def score_task(client: Invoker, task: Task) -> tuple[Scored, set[str]]:
-    """Score one task in every needed order in one shared request; returns the rows and the
-    prompt versions the server reported."""
+def score_task(
+    client: Invoker, task: Task, likelihood: bool = True
+) -> tuple[Scored, set[str], set[str]]:
+    """Score one task in every needed order in one shared request, and a nominal task by
+    likelihood under each normalization (`likelihood`); returns the rows and the prompt
+    versions the server reported (the likelihood prompt's beside the letters')."""
     orders = needed_orders(task)
     decisions = [
         replace(arrange(task.decision, order), id=f"{task.id}#{index}")
@@ -115,7 +140,18 @@ def score_task(client: Invoker, task: Task) -> tuple[Scored, set[str]]:
     rows: dict[Order, Vector] = {}
     for order, result in zip(orders, results, strict=True):
         rows[order] = log_softmax(np.asarray(result["option_logits"], np.float64))
-    return Scored(task, rows), {str(result.get("prompt_version")) for result in results}
+    versions = {str(result.get("prompt_version")) for result in results}
+    likely_versions: set[str] = set()
+    likely: dict[Normalization, Vector] = {}
+    for normalization in NORMALIZATIONS if likelihood and task.question_type != "score" else ():
+        body = {**single_body(task.decision), "readout": "likelihood"}
+        answer = client.invoke(body | {"normalization": normalization})
+        result = answer.get("result") if isinstance(answer, Mapping) else None
+        if not isinstance(result, Mapping) or result.get("readout") != "likelihood":
+            raise CalibrateError(f"task {task.id}: the server did not read it by likelihood")
+        likely[normalization] = log_softmax(np.asarray(result["option_logits"], np.float64))
+        likely_versions.add(str(result.get("prompt_version")))
+    return Scored(task, rows, likely), versions, likely_versions
 
 
 def estimate_prior(scored: Sequence[Scored]) -> dict[int, tuple[float, ...]]:
@@ -167,10 +203,16 @@ def _log(values: Vector) -> Vector:
 
 
 def fit(
-    scored: Sequence[Scored], mode: OptionOrder, *, prompt_version: str, tasks_sha256: str
+    scored: Sequence[Scored],
+    mode: OptionOrder,
+    *,
+    prompt_version: str,
+    tasks_sha256: str,
+    likelihood_version: str | None = None,
 ) -> Calibration:
     """The prior (from these tasks, labels unused) and one temperature per kind present,
-    fitted on the distributions `mode` serves with that prior."""
+    fitted on the distributions `mode` serves with that prior; with `likelihood_version`,
+    one per normalization and kind read by likelihood."""
     base = Calibration(
         prompt_version=prompt_version,
         option_order=mode,
@@ -186,7 +228,25 @@ def fit(
         if group:
             rows = [_log(item.probabilities(mode, base)) for item in group]
             temperatures[kind] = fit_temperature(rows, [item.label for item in group])
-    return replace(base, temperatures=temperatures, counts=counts)
+    likelihood = None
+    if likelihood_version is not None:
+        likelihood = LikelihoodCalibration(likelihood_version, fit_likelihood(scored))
+    return replace(base, temperatures=temperatures, counts=counts, likelihood=likelihood)
+
+
+def fit_likelihood(
+    scored: Sequence[Scored],
+) -> dict[Normalization, dict[QuestionKind, float]]:
+    """One temperature per normalization and kind, on the tasks read by likelihood."""
+    fitted: dict[Normalization, dict[QuestionKind, float]] = {}
+    for normalization in NORMALIZATIONS:
+        fitted[normalization] = {}
+        for kind in QUESTION_KINDS:
+            group = [item for item in scored if item.kind == kind and item.likelihood]
+            if group:
+                rows = [item.likelihood[normalization] for item in group]
+                fitted[normalization][kind] = fit_temperature(rows, [i.label for i in group])
+    return fitted
 
 
 def nll(answers: Sequence[Answer], expected: Sequence[str]) -> float:
@@ -214,12 +274,15 @@ def folds_of(count: int, folds: int, seed: int) -> list[list[int]]:
 
 def cross_validate(
     scored: Sequence[Scored], folds: int, seed: int, *, prompt_version: str
-) -> dict[OptionOrder, dict[str, list[Answer]]]:
-    """Held-out answers per mode: uncalibrated, prior only (canonical), calibrated; the
-    prior and temperatures of each fold come from the other folds."""
+) -> tuple[dict[OptionOrder, dict[str, list[Answer]]], dict[str, dict[str, list[Answer]]]]:
+    """Held-out answers per mode: uncalibrated, prior only (canonical), calibrated; and per
+    likelihood normalization (`likelihood <name>`, the tasks read by likelihood only):
+    uncalibrated and calibrated. The prior and temperatures of each fold come from the
+    other folds."""
     held: dict[OptionOrder, dict[str, list[Answer]]] = {
         mode: {"uncalibrated": [], "prior": [], "calibrated": []} for mode in OPTION_ORDERS
     }
+    likely: dict[str, dict[str, list[Answer]]] = {}
     for test in folds_of(len(scored), folds, seed):
         held_back = set(test)
         train = [item for index, item in enumerate(scored) if index not in held_back]
@@ -231,7 +294,21 @@ def cross_validate(
                 held[mode]["uncalibrated"].append(item.answer(mode, None))
                 held[mode]["prior"].append(item.answer(mode, prior_only))
                 held[mode]["calibrated"].append(item.answer(mode, fitted))
-    return held
+        fitted_likely = Calibration(
+            prompt_version=prompt_version,
+            option_order="canonical",
+            temperatures={},
+            tasks_sha256="0" * 64,
+            likelihood=LikelihoodCalibration(prompt_version, fit_likelihood(train)),
+        )
+        for normalization in NORMALIZATIONS:
+            stages = likely.setdefault(
+                f"likelihood {normalization}", {"uncalibrated": [], "calibrated": []}
+            )
+            for item in (scored[index] for index in test if scored[index].likelihood):
+                stages["uncalibrated"].append(item.likely_answer(normalization, None))
+                stages["calibrated"].append(item.likely_answer(normalization, fitted_likely))
+    return held, likely
 
 
 def held_out_order(scored: Sequence[Scored], folds: int, seed: int) -> list[Scored]:
@@ -318,18 +395,32 @@ def write_reliability(
     return save_figure(figure, path)
 
 
-def score_all(client: Invoker, tasks: Sequence[Task]) -> tuple[list[Scored], str]:
-    """Every task scored; refuses answers from more than one prompt version."""
-    scored, versions = [], set()
+@dataclass(frozen=True)
+class ScoredTasks:
+    """Every task scored, and the prompt versions the server read them under."""
+
+    scored: list[Scored]
+    prompt_version: str
+    likelihood_version: str | None  # None: no task was read by likelihood
+
+
+def score_all(client: Invoker, tasks: Sequence[Task], likelihood: bool = True) -> ScoredTasks:
+    """Every task scored (by likelihood too, unless not `likelihood`); refuses answers from
+    more than one prompt version per readout."""
+    scored: list[Scored] = []
+    versions: set[str] = set()
+    likely_versions: set[str] = set()
     for task in tasks:
-        item, seen = score_task(client, task)
+        item, seen, seen_likely = score_task(client, task, likelihood)
         scored.append(item)
         versions |= seen
-    if len(versions) != 1:
-        raise CalibrateError(
-            f"the server reported prompt versions {sorted(versions)}; expected one"
-        )
-    return scored, versions.pop()
+        likely_versions |= seen_likely
+    for found, needed in ((versions, 1), (likely_versions, 1 if likely_versions else 0)):
+        if len(found) != needed:
+            raise CalibrateError(
+                f"the server reported prompt versions {sorted(found)}; expected one"
+            )
+    return ScoredTasks(scored, versions.pop(), likely_versions.pop() if likely_versions else None)
 
 
 def calibrate(
@@ -340,35 +431,51 @@ def calibrate(
     seed: int,
     prompt_version: str,
     tasks_sha256: str,
+    likelihood_version: str | None = None,
 ) -> tuple[Calibration, dict[str, Any]]:
-    """The calibration for `mode` fitted on every task, and the held-out report."""
+    """The calibration for `mode` fitted on every task (its likelihood section too when
+    the tasks were read by likelihood under `likelihood_version`), and the held-out report."""
     if folds < 2 or len(scored) < folds:
         raise CalibrateError(f"{len(scored)} tasks cannot be split into {folds} folds (>= 2)")
-    held = cross_validate(scored, folds, seed, prompt_version=prompt_version)
-    expected = [item.task.expected for item in held_out_order(scored, folds, seed)]
+    held, likely = cross_validate(scored, folds, seed, prompt_version=prompt_version)
+    visited = held_out_order(scored, folds, seed)
+    expected = [item.task.expected for item in visited]
     report = summarize(held, expected)
+    read_likely = [item.task.expected for item in visited if item.likelihood]
+    report["likelihood_held_out"] = {
+        name: {stage: quality(answers, read_likely) for stage, answers in stages.items()}
+        for name, stages in likely.items()
+        if read_likely
+    }
     report["reliability"] = {
         stage: reliability(held[mode][stage], expected) for stage in ("uncalibrated", "calibrated")
     }
-    final = fit(scored, mode, prompt_version=prompt_version, tasks_sha256=tasks_sha256)
+    final = fit(
+        scored,
+        mode,
+        prompt_version=prompt_version,
+        tasks_sha256=tasks_sha256,
+        likelihood_version=likelihood_version if read_likely else None,
+    )
     metrics = {
         "folds": folds,
         "seed": seed,
         "held_out": report["held_out"][mode],
         "prior_recovers": report["prior_recovers"],
+        "likelihood_held_out": report["likelihood_held_out"],
     }
     return replace(final, metrics=metrics), report
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-    header = f"{'mode':<10}{'stage':<14}{'acc':>7}{'nll':>8}{'brier':>8}{'ece':>7}"
+    header = f"{'mode':<17}{'stage':<14}{'acc':>7}{'nll':>8}{'brier':>8}{'ece':>7}"
     lines = [header, "-" * len(header)]
-    for mode, stages in report["held_out"].items():
+    for mode, stages in (report["held_out"] | report["likelihood_held_out"]).items():
         for stage, row in stages.items():
             if stage == "prior" and mode != "canonical":
                 continue  # the prior is divided out in canonical mode only
             lines.append(
-                f"{mode:<10}{stage:<14}{row['accuracy']:>7.3f}{row['nll']:>8.3f}"
+                f"{mode:<17}{stage:<14}{row['accuracy']:>7.3f}{row['nll']:>8.3f}"
                 f"{row['brier']:>8.3f}{row['ece']:>7.3f}"
             )
     shares = ", ".join(
@@ -393,6 +500,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="canonical",
         help="the order the temperatures are fitted for (the server's SEMIF_OPTION_ORDER)",
     )
+    parser.add_argument(
+        "--no-likelihood",
+        dest="likelihood",
+        action="store_false",
+        help="fit the letters only (no likelihood section; three fewer requests per task)",
+    )
     parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="held-out folds")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fold split")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
@@ -406,15 +519,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     tasks = load_tasks(args.tasks)
     with target_client(args) as (target, client):
-        scored, prompt_version = score_all(client, tasks)
+        read = score_all(client, tasks, args.likelihood)
     try:
         fitted, report = calibrate(
-            scored,
+            read.scored,
             mode=args.option_order,
             folds=args.folds,
             seed=args.seed,
-            prompt_version=prompt_version,
+            prompt_version=read.prompt_version,
             tasks_sha256=hashlib.sha256(args.tasks.read_bytes()).hexdigest(),
+            likelihood_version=read.likelihood_version,
         )
     except CalibrateError as error:
         sys.exit(f"semif-calibrate: {error}")
@@ -432,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{target}: {len(tasks)} tasks from {args.tasks}, {args.folds}-fold held out")
     print(format_report(report))
     print(f"temperatures ({args.option_order}): {fitted.temperatures}")
+    if fitted.likelihood is not None:
+        print(f"likelihood temperatures: {fitted.likelihood.temperatures}")
     print(f"calibration: {calibration_path}\nreport: {report_path}\nreliability: {png}")
 
 

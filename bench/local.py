@@ -153,9 +153,12 @@ def serve_model(
     n_gpu_layers: int = 0,
     prefix_reuse: bool = True,
     max_batch_requests: int | None = None,
+    settings: Mapping[str, str] | None = None,
+    name: str = "serve",
 ) -> Iterator[ServerProcess]:
     """Our `serve` (the container entry point) on `gguf`, as SageMaker would run it;
-    `max_batch_requests=1` turns continuous batching off (one request per engine pass)."""
+    `max_batch_requests=1` turns continuous batching off (one request per engine pass);
+    `settings`: more SEMIF_* variables, for a server `name`d apart in the logs."""
     port = free_port()
     env = {
         "SEMIF_MODEL_DIR": str(gguf.parent),
@@ -165,8 +168,9 @@ def serve_model(
         "SEMIF_THREADS": str(threads),
         "SEMIF_N_GPU_LAYERS": str(n_gpu_layers),
         "SEMIF_PREFIX_REUSE": "true" if prefix_reuse else "false",
+        **(settings or {}),
     }
-    name = "serve" if prefix_reuse else "serve-no-reuse"
+    name += "" if prefix_reuse else "-no-reuse"
     if max_batch_requests is not None:
         env["SEMIF_MAX_BATCH_REQUESTS"] = str(max_batch_requests)
         name += f"-batch{max_batch_requests}"

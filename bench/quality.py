@@ -16,7 +16,13 @@ Invoker for a running server, e.g. bench/report.py's local server) measures thre
 - the likelihood readout (adapter.likelihood): the same invariance figures (and NLL) for
   sum, mean and pmi beside the letters' canonical and debiased, and its cost against the
   letters (canonical and debiased) for 3, 5, 8 and 32 options of 1 to 12 words on a
-  ~150-token state (32 options exceed the letters' 16 in the decision API: not measured).
+  ~150-token state (32 options exceed the letters' 16 in the decision API: not measured),
+  and scored by a one-word label instead of the words;
+- what the likelihood readout should score (ANSWER_TEXTS): each option's description, its
+  id as its label, or its id as words (`account_access` -> `account access`), and whether
+  the prompt lists the options: the same figures on a second server whose
+  SEMIF_LIKELIHOOD_PROMPT is `listed` (the default is `unlisted`; `--local` starts it,
+  `--listed-url` names one).
 Plumbing numbers, not accuracy claims: the smoke tasks are few and easy to overfit.
 """
 
@@ -34,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS
 from adapter.schema import Decision, Option
 from bench.calibrate import DEFAULT_FOLDS, calibrate, score_all
 from bench.local import serve_model
@@ -61,11 +68,16 @@ LIKELIHOOD_READINGS: dict[str, dict[str, str]] = {
 }
 LIKELIHOOD_COST_OPTIONS = (3, 5, 8, 32)
 LIKELIHOOD_COST_STATE = 150
-LIKELIHOOD_COST_READINGS: dict[str, dict[str, str]] = {
-    "canonical": LETTER_READINGS["canonical"],
-    "debiased": LETTER_READINGS["debiased"],
-    "likelihood": LIKELIHOOD_READINGS["sum"],
+# name -> (policy, whether each option is scored by a one-word label instead of its words)
+LIKELIHOOD_COST_READINGS: dict[str, tuple[dict[str, str], bool]] = {
+    "canonical": (LETTER_READINGS["canonical"], False),
+    "debiased": (LETTER_READINGS["debiased"], False),
+    "likelihood": (LIKELIHOOD_READINGS["sum"], False),
+    "likelihood label": (LIKELIHOOD_READINGS["sum"], True),
 }
+# What the likelihood readout scores as an option's answer: its description, its id given
+# as its label, or its id as words given as its label.
+ANSWER_TEXTS = ("description", "id", "name")
 LETTER_MAX_OPTIONS = 16  # the decision API's letter limit (adapter.schema.MAX_OPTIONS)
 WORDS = ("route", "the", "case", "to", "billing", "now", "and", "tell", "them", "why", "it", "is")
 
@@ -82,6 +94,46 @@ def reorder(decision: Decision, ordering: str, rng: np.random.Generator) -> Deci
 
 def total_variation(first: Answer, second: Answer) -> float:
     return 0.5 * sum(abs(p - second.probabilities[k]) for k, p in first.probabilities.items())
+
+
+def labelled(task: Task, text: str) -> Task:
+    """The task with each option scored by `text` (ANSWER_TEXTS) under likelihood."""
+    if text == "description":
+        return task
+    options = tuple(
+        replace(o, label=o.id if text == "id" else o.id.replace("_", " ").replace("-", " "))
+        for o in task.decision.options
+    )
+    return replace(task, decision=replace(task.decision, options=options))
+
+
+def measure_answer_texts(
+    client: Invoker, tasks: Sequence[Task], texts: Sequence[str] = ANSWER_TEXTS
+) -> dict[str, dict[str, Any]]:
+    """Accuracy, Brier and NLL per answer text and normalization (keyed "<text>
+    <normalization>"), every task in its given order: the likelihood readout is
+    order-invariant by construction, tested for every listing and answer text
+    (tests/adapter/test_likelihood.py), so the orderings would repeat the same numbers.
+    A task's normalizations are asked one after another, its prompt resident."""
+    answers: dict[str, list[Answer | None]] = {
+        f"{text} {name}": [] for text in texts for name in LIKELIHOOD_READINGS
+    }
+    for task in tasks:
+        for text in texts:
+            body = single_body(labelled(task, text).decision)
+            for name, policy in LIKELIHOOD_READINGS.items():
+                outcome = read_answer(task, client.invoke({**body, **policy}))
+                answers[f"{text} {name}"].append(outcome.answer)
+    expected = [task.expected for task in tasks]
+    return {
+        key: {
+            "tasks": len(expected),
+            "accuracy": accuracy(rows, expected),
+            "brier": brier_score(rows, expected),
+            "nll": log_loss(rows, expected),
+        }
+        for key, rows in answers.items()
+    }
 
 
 def measure_invariance(
@@ -181,13 +233,17 @@ def _words(start: int, count: int) -> list[str]:
     return [WORDS[(start + k) % len(WORDS)] for k in range(count)]
 
 
-def likelihood_cost_decision(options: int, tag: str, state_tokens: int) -> Decision:
+def likelihood_cost_decision(
+    options: int, tag: str, state_tokens: int, label: bool = False
+) -> Decision:
     """A state of about `state_tokens` tokens and `options` distinct options of 1 to 12
-    words."""
+    words (with `label`, each labelled by its first word)."""
     decision = cost_decision(state_tokens, options, tag)
     worded = tuple(
         Option(
-            f"o{i}", " ".join([f"team{i}", *(WORDS[(i + k) % len(WORDS)] for k in range(i % 12))])
+            f"o{i}",
+            " ".join([f"team{i}", *(WORDS[(i + k) % len(WORDS)] for k in range(i % 12))]),
+            f"team{i}" if label else None,
         )
         for i in range(options)
     )
@@ -195,21 +251,27 @@ def likelihood_cost_decision(options: int, tag: str, state_tokens: int) -> Decis
 
 
 def measure_likelihood_cost(
-    client: Invoker, repeats: int = COST_REPEATS, state_tokens: int = LIKELIHOOD_COST_STATE
+    client: Invoker,
+    repeats: int = COST_REPEATS,
+    state_tokens: int = LIKELIHOOD_COST_STATE,
+    letters: bool = True,
 ) -> list[dict[str, Any]]:
     """The likelihood readout against the letters (canonical, debiased) per option count:
     evaluated tokens and seconds (medians over repeats, each state new to the server), and
-    likelihood's ratios to each."""
+    likelihood's ratios to each; and scored by labels against by their words. Without
+    `letters` (a server that differs only in its likelihood prompt) the letters are not
+    measured and their ratios are None."""
     rows = []
     for count in LIKELIHOOD_COST_OPTIONS:
         row: dict[str, Any] = {"state_tokens": state_tokens, "options": count}
-        for name, policy in LIKELIHOOD_COST_READINGS.items():
-            if name != "likelihood" and count > LETTER_MAX_OPTIONS:
+        for name, (policy, label) in LIKELIHOOD_COST_READINGS.items():
+            if name in LETTER_READINGS and (count > LETTER_MAX_OPTIONS or not letters):
                 row[name] = None
                 continue
             evaluated, seconds = [], []
             for repeat in range(repeats):
-                decision = likelihood_cost_decision(count, f"{name}-{count}-{repeat}", state_tokens)
+                tag = f"{name}-{count}-{repeat}".replace(" ", "-")
+                decision = likelihood_cost_decision(count, tag, state_tokens, label)
                 started = time.perf_counter()
                 response = client.invoke({**single_body(decision), **policy})
                 seconds.append(time.perf_counter() - started)
@@ -218,16 +280,18 @@ def measure_likelihood_cost(
                 "evaluated_tokens": statistics.median(evaluated),
                 "seconds": statistics.median(seconds),
             }
-        for letters in ("canonical", "debiased"):
-            base = row[letters]
-            row[f"tokens_vs_{letters}"] = (
+        for mode in ("canonical", "debiased"):
+            base = row[mode]
+            row[f"tokens_vs_{mode}"] = (
                 None
                 if base is None
                 else row["likelihood"]["evaluated_tokens"] / base["evaluated_tokens"]
             )
-            row[f"time_vs_{letters}"] = (
+            row[f"time_vs_{mode}"] = (
                 None if base is None else row["likelihood"]["seconds"] / base["seconds"]
             )
+        words, labelled_by = row["likelihood"], row["likelihood label"]
+        row["label_tokens_vs_words"] = labelled_by["evaluated_tokens"] / words["evaluated_tokens"]
         rows.append(row)
     return rows
 
@@ -241,35 +305,108 @@ def run_quality(
     cost_repeats: int = COST_REPEATS,
     cost_states: Sequence[int] = COST_STATE_TOKENS,
     likelihood_state: int = LIKELIHOOD_COST_STATE,
+    letters: bool = True,
 ) -> dict[str, Any]:
-    """Every figure of this module as one JSON-ready dict (see the module docstring)."""
-    scored, prompt_version = score_all(client, tasks)
+    """Every figure of this module as one JSON-ready dict (see the module docstring);
+    without `letters`, only the likelihood readout's (and the prior's, which its
+    calibration is fitted beside)."""
+    read = score_all(client, tasks)
     _, prior = calibrate(
-        scored,
+        read.scored,
         mode="canonical",
         folds=folds,
         seed=seed,
-        prompt_version=prompt_version,
+        prompt_version=read.prompt_version,
         tasks_sha256="0" * 64,
+        likelihood_version=read.likelihood_version,
     )
-    report = {
+    report: dict[str, Any] = {
         "schema": SCHEMA,
         "tasks": len(tasks),
-        "prompt_version": prompt_version,
-        "invariance": measure_invariance(client, tasks, seed),
+        "prompt_version": read.prompt_version,
         "prior": {"held_out": prior["held_out"], "prior_recovers": prior["prior_recovers"]},
-        "cost": measure_cost(client, cost_repeats, cost_states),
+        # semif-calibrate's held-out figures for the likelihood readout's temperatures
+        "likelihood_calibration": prior["likelihood_held_out"],
         "likelihood": {
-            "invariance": measure_invariance(client, tasks, seed, LIKELIHOOD_READINGS),
             "cost": measure_likelihood_cost(client, cost_repeats, likelihood_state),
+            "answer_texts": measure_answer_texts(client, tasks),
+            "prompt_version": read.likelihood_version,
         },
+    }
+    if letters:
+        report["invariance"] = measure_invariance(client, tasks, seed)
+        report["cost"] = measure_cost(client, cost_repeats, cost_states)
+        report["likelihood"]["invariance"] = measure_invariance(
+            client, tasks, seed, LIKELIHOOD_READINGS
+        )
+    finite_report: dict[str, Any] = finite(report)
+    return finite_report
+
+
+def run_listing(
+    client: Invoker,
+    tasks: Sequence[Task],
+    *,
+    cost_repeats: int = COST_REPEATS,
+    likelihood_state: int = LIKELIHOOD_COST_STATE,
+) -> dict[str, Any]:
+    """The likelihood figures on a server with another likelihood prompt (its listing):
+    every answer text's figures and the likelihood cost (the letters are the same on
+    both), and the prompt version read."""
+    answers = measure_answer_texts(client, tasks)
+    probe = client.invoke({**single_body(tasks[0].decision), **LIKELIHOOD_READINGS["sum"]})
+    report = {
+        "prompt_version": probe["result"]["prompt_version"],
+        "answer_texts": answers,
+        "cost": measure_likelihood_cost(client, cost_repeats, likelihood_state, letters=False),
     }
     finite_report: dict[str, Any] = finite(report)
     return finite_report
 
 
 def format_quality(report: Mapping[str, Any]) -> str:
-    """The three tables as text."""
+    """The tables as text: the letters' (when measured), then the likelihood readout's."""
+    lines = format_letters(report) if "invariance" in report else []
+    likelihood = report["likelihood"]
+    if "invariance" in likelihood:
+        invariance = report["invariance"]
+        readings = {
+            "canonical": invariance["canonical"],
+            "debiased": invariance["debiased"],
+            **{f"likelihood {n}": r for n, r in likelihood["invariance"].items()},
+        }
+        lines += ["", *format_readings(readings)]
+    lines += ["", *format_likelihood_cost(likelihood["cost"])]
+    lines += ["", f"{'held out (likelihood)':<22}{'stage':<14}{'acc':>7}{'nll':>8}{'brier':>8}"]
+    for name, stages in report["likelihood_calibration"].items():
+        for stage, row in stages.items():
+            lines.append(
+                f"{name:<22}{stage:<14}{row['accuracy']:>7.3f}{row['nll']:>8.3f}"
+                f"{row['brier']:>8.3f}"
+            )
+    texts = {
+        f"{listing_of(likelihood['prompt_version'])} {name}": row
+        for name, row in likelihood["answer_texts"].items()
+    }
+    if "listed" in likelihood:
+        listed = likelihood["listed"]
+        texts |= {f"listed {name}": row for name, row in listed["answer_texts"].items()}
+    lines += ["", f"{'answer text (given order)':<28}{'acc':>7}{'nll':>8}{'brier':>8}"]
+    for name, row in texts.items():
+        lines.append(f"{name:<28}{row['accuracy']:>7.3f}{row['nll']:>8.3f}{row['brier']:>8.3f}")
+    if "listed" in likelihood:
+        lines += ["", "listed", *format_likelihood_cost(likelihood["listed"]["cost"])]
+    return "\n".join(lines)
+
+
+def listing_of(prompt_version: str) -> str:
+    """Which listing a likelihood prompt version renders (its own name if unknown)."""
+    names = {version: listing for listing, version in LIKELIHOOD_PROMPT_VERSIONS.items()}
+    return names.get(prompt_version, prompt_version)
+
+
+def format_letters(report: Mapping[str, Any]) -> list[str]:
+    """The letters' invariance, prior and debiased-cost tables."""
     lines = [
         f"{'mode':<10}{'flips rev':>10}{'flips shuf':>11}{'TV rev':>8}{'TV shuf':>8}"
         f"{'acc':>7}{'brier':>7}"
@@ -308,25 +445,30 @@ def format_quality(report: Mapping[str, Any]) -> str:
             f"{row['token_ratio']:>9.2f}{given['seconds']:>11.4f}"
             f"{debiased['seconds']:>11.4f}{row['time_ratio']:>8.2f}"
         )
-    lines += ["", f"{'reading':<16}{'flips rev':>10}{'flips shuf':>11}{'acc':>7}{'nll':>8}"]
-    likelihood = report["likelihood"]
-    invariance = report["invariance"]
-    for name, row in (
-        ("canonical", invariance["canonical"]),
-        ("debiased", invariance["debiased"]),
-        *((f"likelihood {n}", r) for n, r in likelihood["invariance"].items()),
-    ):
+    return lines
+
+
+def format_readings(readings: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Flips, accuracy and NLL per reading."""
+    lines = [f"{'reading':<26}{'flips rev':>10}{'flips shuf':>11}{'acc':>7}{'nll':>8}"]
+    for name, row in readings.items():
         flips = row["argmax_flips"]
         lines.append(
-            f"{name:<16}{flips['reversed']:>10}{flips['shuffled']:>11}"
+            f"{name:<26}{flips['reversed']:>10}{flips['shuffled']:>11}"
             f"{row['accuracy']:>7.3f}{row['nll']:>8.3f}"
         )
-    lines += [
-        "",
+    return lines
+
+
+def format_likelihood_cost(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Evaluated tokens per option count, likelihood's ratios to the letters' and a
+    label's to the words'."""
+    lines = [
         f"{'opts':>5}{'eval canon':>11}{'eval debias':>12}{'eval likely':>12}"
-        f"{'tok x canon':>12}{'tok x debias':>13}{'time x canon':>13}{'time x debias':>14}",
+        f"{'tok x canon':>12}{'tok x debias':>13}{'time x canon':>13}{'time x debias':>14}"
+        f"{'label x words':>14}"
     ]
-    for row in likelihood["cost"]:
+    for row in rows:
         canonical, debiased = row["canonical"], row["debiased"]
         lines.append(
             f"{row['options']:>5}"
@@ -335,8 +477,9 @@ def format_quality(report: Mapping[str, Any]) -> str:
             f"{cell(row['likelihood']['evaluated_tokens'], '.0f')}"
             f"{cell(row['tokens_vs_canonical'])}{cell(row['tokens_vs_debiased'], width=13)}"
             f"{cell(row['time_vs_canonical'], width=13)}{cell(row['time_vs_debiased'], width=14)}"
+            f"{cell(row['label_tokens_vs_words'], width=14)}"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def cell(value: float | None, digits: str = ".2f", width: int = 12) -> str:
@@ -359,6 +502,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=COST_REPEATS, help="cost repeats")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     parser.add_argument("--out", type=Path, default=Path(".cache/bench"), help="output folder")
+    parser.add_argument(
+        "--listed-url",
+        help="with --url: a server whose SEMIF_LIKELIHOOD_PROMPT is listed, to compare",
+    )
+    parser.add_argument(
+        "--likelihood-only",
+        dest="letters",
+        action="store_false",
+        help="skip the letters' invariance and cost tables (measured the same either way)",
+    )
+    parser.add_argument(
+        "--no-listed",
+        dest="listed",
+        action="store_false",
+        help="with --local: skip the second server (the listed likelihood prompt)",
+    )
     return parser.parse_args(argv)
 
 
@@ -366,18 +525,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     tasks = load_tasks(args.tasks)
 
+    def client_of(url: str) -> Invoker:
+        return open_client(url=url, endpoint=None, region=None, timeout_s=args.timeout)
+
     def run(url: str) -> dict[str, Any]:
-        client = open_client(url=url, endpoint=None, region=None, timeout_s=args.timeout)
         return run_quality(
-            client, tasks, seed=args.seed, folds=args.folds, cost_repeats=args.repeats
+            client_of(url),
+            tasks,
+            seed=args.seed,
+            folds=args.folds,
+            cost_repeats=args.repeats,
+            letters=args.letters,
         )
+
+    def listed(url: str) -> dict[str, Any]:
+        return run_listing(client_of(url), tasks, cost_repeats=args.repeats)
 
     if args.local:
         gguf = args.gguf or fetch_embedded_model(DEFAULT_MODEL_CACHE)
         with serve_model(gguf, log_dir=args.out, threads=args.threads) as server:
             report = run(server.base_url)
+        if args.listed:
+            other = {"SEMIF_LIKELIHOOD_PROMPT": "listed"}
+            with serve_model(
+                gguf, log_dir=args.out, threads=args.threads, settings=other, name="serve-listed"
+            ) as server:
+                report["likelihood"]["listed"] = listed(server.base_url)
     else:
         report = run(args.url)
+        if args.listed_url:
+            report["likelihood"]["listed"] = listed(args.listed_url)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "bench-quality.json"
     path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")

@@ -52,8 +52,14 @@ def decision_json(decision: Decision) -> dict[str, Any]:
         "id": decision.id,
         "state": decision.state,
         "question": decision.question,
-        "options": [{"id": o.id, "description": o.description} for o in decision.options],
+        "options": [option_json(option) for option in decision.options],
     }
+
+
+def option_json(option: Option) -> dict[str, str]:
+    """An option as the API receives it; `label` only where the option has one."""
+    named = {} if option.label is None else {"label": option.label}
+    return {"id": option.id, "description": option.description, **named}
 
 
 def single_body(decision: Decision) -> dict[str, Any]:

@@ -17,6 +17,10 @@ Format (schema version 1, documented in docs/manifest.md):
 `temperatures` holds one softmax temperature per question kind (System One's kinds; the
 decision API's decisions are "choice"); a kind without one keeps 1.0. `position_prior[n]`
 is the model's prior over answer positions for n options, divided out in canonical mode.
+An optional `likelihood` section calibrates the likelihood readout (adapter.likelihood):
+    "likelihood": {"prompt_version": "semif-option-likelihood/1",
+                   "temperatures": {"mean": {"choice": 0.8, "noul": 1.1}, "sum": {...}}}
+one temperature per normalization and question kind, for the likelihood prompt it names.
 """
 
 from __future__ import annotations
@@ -34,12 +38,29 @@ QuestionKind = Literal["choice", "noul", "score"]
 QUESTION_KINDS: tuple[QuestionKind, ...] = ("choice", "noul", "score")
 OptionOrder = Literal["as_given", "canonical", "debiased"]
 OPTION_ORDERS: tuple[OptionOrder, ...] = ("as_given", "canonical", "debiased")
+# The likelihood readout's normalizations (adapter.likelihood), named here so the format
+# can validate them without the adapter.
+Normalization = Literal["sum", "mean", "pmi"]
+NORMALIZATIONS: tuple[Normalization, ...] = ("sum", "mean", "pmi")
 MAX_PRIOR_OPTIONS = 260
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class CalibrationError(ValueError):
     """The calibration document is not valid; the message names the field."""
+
+
+@dataclass(frozen=True)
+class LikelihoodCalibration:
+    """Temperatures for the likelihood readout, per normalization and question kind, fitted
+    under the likelihood prompt `prompt_version`."""
+
+    prompt_version: str
+    temperatures: dict[Normalization, dict[QuestionKind, float]]
+
+    def temperature(self, normalization: Normalization, kind: QuestionKind) -> float | None:
+        """The fitted temperature, or None where this fit has none."""
+        return self.temperatures.get(normalization, {}).get(kind)
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,7 @@ class Calibration:
     counts: dict[QuestionKind, int] = field(default_factory=dict)
     position_prior: dict[int, tuple[float, ...]] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    likelihood: LikelihoodCalibration | None = None
 
     def temperature(self, kind: QuestionKind) -> float:
         return self.temperatures.get(kind, 1.0)
@@ -63,6 +85,8 @@ class Calibration:
         document["position_prior"] = {
             str(count): list(prior) for count, prior in self.position_prior.items()
         }
+        if self.likelihood is None:
+            del document["likelihood"]  # absent, as in files written before the section
         return {"schema_version": CALIBRATION_SCHEMA_VERSION, **document}
 
     def to_json(self) -> str:
@@ -101,6 +125,9 @@ def parse_calibration(document: object, where: str = "calibration") -> Calibrati
             _mapping(root.get("position_prior", {}), f"{where}.position_prior"), where
         ),
         metrics=dict(metrics),
+        likelihood=None
+        if root.get("likelihood") is None
+        else _likelihood(_mapping(root["likelihood"], f"{where}.likelihood"), where),
     )
 
 
@@ -129,21 +156,38 @@ def _kind(key: str, where: str) -> QuestionKind:
     raise CalibrationError(f"{where}: {key!r} is not a question kind ({', '.join(QUESTION_KINDS)})")
 
 
-def _temperatures(section: Mapping[str, Any]) -> dict[QuestionKind, float]:
+def _temperatures(
+    section: Mapping[str, Any], where: str = "calibration.temperatures"
+) -> dict[QuestionKind, float]:
     temperatures: dict[QuestionKind, float] = {}
     for key, value in section.items():
-        kind = _kind(key, "calibration.temperatures")
+        kind = _kind(key, where)
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not math.isfinite(value)
             or not 0.01 <= value <= 100
         ):
-            raise CalibrationError(
-                f"calibration.temperatures.{key}: must be a number in 0.01..100, got {value!r}"
-            )
+            raise CalibrationError(f"{where}.{key}: must be a number in 0.01..100, got {value!r}")
         temperatures[kind] = float(value)
     return temperatures
+
+
+def _likelihood(section: Mapping[str, Any], where: str) -> LikelihoodCalibration:
+    path = f"{where}.likelihood"
+    prompt_version = section.get("prompt_version")
+    if not isinstance(prompt_version, str) or not prompt_version:
+        raise CalibrationError(f"{path}.prompt_version: required, a non-empty string")
+    temperatures: dict[Normalization, dict[QuestionKind, float]] = {}
+    for key, value in _mapping(section.get("temperatures"), f"{path}.temperatures").items():
+        normalization = next((n for n in NORMALIZATIONS if n == key), None)
+        if normalization is None:
+            raise CalibrationError(
+                f"{path}.temperatures: {key!r} is not a normalization ({', '.join(NORMALIZATIONS)})"
+            )
+        kinds_path = f"{path}.temperatures.{key}"
+        temperatures[normalization] = _temperatures(_mapping(value, kinds_path), kinds_path)
+    return LikelihoodCalibration(prompt_version, temperatures)
 
 
 def _counts(section: Mapping[str, Any], where: str) -> dict[QuestionKind, int]:

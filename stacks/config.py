@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from adapter.calibration import CalibrationMismatchError, check_calibration
 from adapter.kv_memory import KvBudget
-from adapter.settings import SettingsError, load_settings
+from adapter.settings import Settings, SettingsError, load_settings
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from cdk_constructs.alarm_topic import require_email
 from cdk_constructs.endpoint_operations import (
@@ -239,7 +239,8 @@ def _calibration_digest(path: str) -> str:
     except CalibrationError as error:
         raise ConfigError(f"model.calibration: {error}") from None
     try:  # the adapter's own start-up rule, so synth fails where the endpoint would
-        check_calibration(calibration)
+        # the endpoints run the adapter's default likelihood prompt (no SEMIF_ override)
+        check_calibration(calibration, Settings.likelihood_prompt)
     except CalibrationMismatchError as error:
         raise ConfigError(f"model.calibration: {path}: {error}") from None
     return calibration_sha256(calibration)

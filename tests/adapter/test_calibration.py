@@ -1,6 +1,7 @@
 """The calibration in force, on the real tiny model: each kind's temperature and the position
-prior are applied where the calibration was fitted, reported per result, and a calibration
-fitted under another prompt version is refused at start."""
+prior are applied where the calibration was fitted, the likelihood readout's temperature per
+normalization and kind, reported per result, and a calibration fitted under another prompt
+version (letters or likelihood) is refused at start."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from starlette.testclient import TestClient
 
 from adapter.calibration import CalibrationMismatchError
 from adapter.ordering import canonical_order, to_caller
-from adapter.prompts import PROMPT_VERSION
+from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
 from adapter.runtime import load_service
 from adapter.schema import parse_decision
 from adapter.settings import Settings
-from model_build.calibration import Calibration
+from model_build.calibration import Calibration, LikelihoodCalibration
 from tests.support.manifests import write_manifest
 from tests.support.serving import decision, serving
 
@@ -31,6 +32,9 @@ CALIBRATION = Calibration(
     temperatures={"choice": 2.0, "noul": 0.5, "score": 3.0},
     tasks_sha256="a" * 64,
     position_prior={3: PRIOR},
+    likelihood=LikelihoodCalibration(
+        LIKELIHOOD_PROMPT_VERSIONS["unlisted"], {"mean": {"choice": 2.5}, "pmi": {"noul": 0.4}}
+    ),
 )
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Is a refund asked for?"},
@@ -51,14 +55,34 @@ def post(client: TestClient, body: Any, path: str = "/invocations") -> dict[str,
 
 def ask(client: TestClient) -> dict[str, Any]:
     """Everything the test compares, from one server: decisions in two modes, System One."""
-    return {
-        mode: post(client, {"decision": decision(), "option_order": mode})["result"]
-        for mode in ("canonical", "as_given")
-    } | {
-        "systemone": post(
-            client, {"state": "Charged twice.", "questions": QUESTIONS}, "/v1/systemone"
-        )["answers"]
-    }
+    return (
+        {
+            mode: post(client, {"decision": decision(), "option_order": mode})["result"]
+            for mode in ("canonical", "as_given")
+        }
+        | {
+            f"likelihood {normalization}": post(
+                client,
+                {"decision": decision(), "readout": "likelihood", "normalization": normalization},
+            )["result"]
+            for normalization in ("mean", "sum")
+        }
+        | {
+            "systemone": post(
+                client, {"state": "Charged twice.", "questions": QUESTIONS}, "/v1/systemone"
+            )["answers"],
+            "systemone pmi": post(
+                client,
+                {
+                    "state": "Charged twice.",
+                    "questions": {"refund": QUESTIONS["refund"]},
+                    "readout": "likelihood",
+                    "normalization": "pmi",
+                },
+                "/v1/systemone",
+            )["answers"],
+        }
+    )
 
 
 @pytest.fixture
@@ -99,10 +123,12 @@ def test_canonical_divides_the_prior_and_applies_the_choice_temperature(
     }
 
 
-def test_another_order_than_the_fitted_one_is_served_uncalibrated(
-    answers: tuple[dict[str, Any], dict[str, Any]],
+@pytest.mark.parametrize("asked", ["as_given", "likelihood sum"])
+def test_what_the_fit_does_not_cover_is_served_uncalibrated(
+    answers: tuple[dict[str, Any], dict[str, Any]], asked: str
 ) -> None:
-    plain, calibrated = answers[0]["as_given"], answers[1]["as_given"]
+    """Another order than the fitted one; a likelihood normalization without a temperature."""
+    plain, calibrated = answers[0][asked], answers[1][asked]
     assert calibrated["probabilities"] == pytest.approx(plain["probabilities"], abs=1e-6)
     assert calibrated["calibration"]["applied"] is False
     assert calibrated["calibration"]["temperature"] == 1.0
@@ -138,3 +164,30 @@ def test_a_calibration_for_another_prompt_version_is_refused_at_start(
     assert "'semif-direct-options/0'" in message
     assert repr(PROMPT_VERSION) in message
     assert "semif-calibrate" in message
+
+
+def test_likelihood_gets_its_normalizations_temperature_and_no_prior(
+    answers: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    plain, calibrated = answers[0]["likelihood mean"], answers[1]["likelihood mean"]
+    expected = tempered(plain["probabilities"], 2.5)
+    assert calibrated["probabilities"] == pytest.approx(list(expected), abs=1e-6)
+    assert calibrated["option_logits"] == pytest.approx(plain["option_logits"], abs=1e-6)
+    assert calibrated["calibration"]["applied"] is True
+    assert calibrated["calibration"]["temperature"] == 2.5
+    assert calibrated["calibration"]["position_prior"] is False
+    systemone = answers[0]["systemone pmi"]["refund"]["noul"]
+    expected_noul = tempered([systemone, 1 - systemone], 0.4)[0]
+    assert answers[1]["systemone pmi"]["refund"]["noul"] == pytest.approx(expected_noul, abs=1e-6)
+
+
+def test_a_likelihood_calibration_for_another_listing_is_refused_at_start(
+    tiny_model_dir: Path,
+) -> None:
+    write_manifest(tiny_model_dir, CALIBRATION)  # its likelihood section: the default prompt
+    with pytest.raises(CalibrationMismatchError) as raised:
+        load_service(Settings(model_dir=tiny_model_dir, threads=1, likelihood_prompt="listed"))
+    message = str(raised.value)
+    assert "likelihood calibration" in message
+    assert repr(LIKELIHOOD_PROMPT_VERSIONS["listed"]) in message
+    assert repr(LIKELIHOOD_PROMPT_VERSIONS["unlisted"]) in message

@@ -1,5 +1,6 @@
 """The likelihood readout (adapter.likelihood): its arithmetic alone, then on real llama.cpp
-against brute force, through the decision and System One APIs."""
+against brute force (both prompt listings, options scored by description or by label),
+through the decision and System One APIs."""
 
 from __future__ import annotations
 
@@ -14,13 +15,19 @@ import pytest
 from starlette.testclient import TestClient
 
 from adapter.errors import RequestError
-from adapter.likelihood import ReadoutChoice, option_tokens, read_likelihood
-from adapter.ordering import arrange, canonical_order
-from adapter.prompts import ChatTemplate, render_likelihood_prompt, with_answer
+from adapter.likelihood import Listing, ReadoutChoice, option_tokens, read_likelihood
+from adapter.ordering import Variants, arrange, canonical_order
+from adapter.prompts import (
+    ChatTemplate,
+    answer_text,
+    likelihood_messages,
+    render_likelihood_prompt,
+    with_answer,
+)
 from adapter.readout import NonFiniteLogitsError, log_probabilities
 from adapter.schema import Decision, Option, parse_decision_body
 from adapter.service import DecisionService
-from adapter.settings import Settings, load_settings
+from adapter.settings import Settings, SettingsError, load_settings
 from model_build.tiny_gguf import CHAT_TEMPLATE
 from tests.support.models import open_test_model, service_of
 from tests.support.serving import serving
@@ -97,7 +104,38 @@ def test_the_policy_names_readout_and_normalization_and_lifts_the_letter_cap() -
 def test_the_server_default_readout_is_a_setting() -> None:
     settings = load_settings({"SEMIF_READOUT": "likelihood", "SEMIF_NORMALIZATION": "mean"})
     assert settings.readout_choice == ReadoutChoice("likelihood", "mean")
-    assert load_settings({}).readout_choice == ReadoutChoice("letters", "sum")
+    assert load_settings({}).readout_choice == ReadoutChoice("letters", "mean")
+    assert load_settings({}).likelihood_prompt == "unlisted"
+    listed = load_settings({"SEMIF_LIKELIHOOD_PROMPT": "listed"})
+    assert listed.likelihood_prompt == "listed"
+    with pytest.raises(SettingsError, match="SEMIF_LIKELIHOOD_PROMPT"):
+        load_settings({"SEMIF_LIKELIHOOD_PROMPT": "hidden"})
+
+
+def test_the_prompt_lists_each_options_answer_text_or_no_options() -> None:
+    labelled = Decision(
+        "d", STATE, QUESTION, (Option("a", "Refund the order.", "refund"), Option("b", "Wait."))
+    )
+    listed = likelihood_messages(labelled, "listed")[1]["content"]
+    assert "Options:\n- refund: Refund the order.\n- Wait.\n" in listed
+    assert [answer_text(option) for option in labelled.options] == ["refund", "Wait."]
+    unlisted = likelihood_messages(labelled, "unlisted")[1]["content"]
+    assert STATE in unlisted
+    assert QUESTION in unlisted
+    for listed_only in ("Options", "Refund", "Wait"):
+        assert listed_only not in unlisted
+
+
+def test_a_label_is_checked_like_the_other_fields() -> None:
+    body = _body(2)
+    body["decision"]["options"][0]["label"] = "x" * 257
+    with pytest.raises(RequestError, match=r"decision.options\[0\].label: is 257 characters"):
+        parse_decision_body(body, 4)
+    body["decision"]["options"][0]["label"] = 7
+    with pytest.raises(RequestError, match=r"decision.options\[0\].label: must be a string"):
+        parse_decision_body(body, 4)
+    body["decision"]["options"][0]["label"] = "first"
+    assert parse_decision_body(body, 4).decisions[0].options[0].label == "first"
 
 
 # -- against brute force on real llama.cpp ---------------------------------------------------
@@ -108,15 +146,15 @@ def _decision(options: tuple[tuple[str, str], ...] = OPTIONS) -> Decision:
 
 
 def _brute_force(
-    service: DecisionService, fresh: DecisionService, arranged: Decision
+    service: DecisionService, fresh: DecisionService, arranged: Decision, listing: Listing
 ) -> list[float]:
     """Each option's joint log-probability, one token at a time: the prompt plus the
     option's first j tokens decoded alone on an empty cache, the last row's logits read."""
-    prompt = render_likelihood_prompt(service.template, arranged)
+    prompt = render_likelihood_prompt(service.template, arranged, listing)
     tokens = service.tokenize_prompt(prompt, "decision")
     joint = []
     for option in arranged.options:
-        branch = service.tokenize_prompt(with_answer(prompt, option.description), "decision")
+        branch = service.tokenize_prompt(with_answer(prompt, answer_text(option)), "decision")
         answer = [*branch[len(tokens) :], service.engine.vocab.end_of_turn]
         total = 0.0
         for j, token in enumerate(answer):
@@ -127,23 +165,52 @@ def _brute_force(
     return joint
 
 
-def test_each_options_log_probability_equals_a_separate_forward(tiny_any_gguf: Path) -> None:
-    """Exact on the exact path, on both memory kinds: the branches (decoded together, the
-    prompt once, on a cache warmed by other questions) give every option the joint
-    log-probability that decoding each prefix alone gives."""
+@pytest.mark.parametrize("listing", ["listed", "unlisted"])
+def test_each_options_log_probability_equals_a_separate_forward(
+    tiny_any_gguf: Path, listing: Listing
+) -> None:
+    """Exact on the exact path, on both memory kinds and both listings: the branches
+    (decoded together, the prompt once, on a cache warmed by other questions) give every
+    option, scored by its description or its label, the joint log-probability that
+    decoding each prefix alone gives."""
     service = service_of(open_test_model(tiny_any_gguf))
     fresh = service_of(open_test_model(tiny_any_gguf))
+    service.listing = listing
     try:
         sums = ReadoutChoice("likelihood", "sum")
         other = _decision((("a", "Another answer."), ("b", "Yet another one, longer.")))
         service.score([other], ["warm"], readouts=[sums])
         decision = _decision()
+        labelled = (Option("refund", OPTIONS[0][1], "refund now"), *decision.options[1:])
+        decision = Decision("d", STATE, QUESTION, labelled)
         arranged = arrange(decision, canonical_order(decision.options))
         batch = service.score([arranged, other], ["d", "o"], readouts=[sums, sums])
-        assert batch.readouts[0].option_logits == _brute_force(service, fresh, arranged)
+        assert batch.readouts[0].option_logits == _brute_force(service, fresh, arranged, listing)
     finally:
         service.close(10)
         fresh.close(10)
+
+
+def test_unlisted_and_labelled_options_stay_bit_identical_under_permutation(
+    tiny_gguf: Path,
+) -> None:
+    service = service_of(open_test_model(tiny_gguf))
+    assert service.listing == "unlisted"  # the default
+    mean = ReadoutChoice("likelihood", "mean")
+    options = [Option(key, text, key.upper()) for key, text in OPTIONS]
+    try:
+        answers = []
+        for seed in range(3):
+            random.Random(seed).shuffle(options)
+            decision = Decision("d", STATE, QUESTION, tuple(options))
+            (reading,), _ = service.read_variants(
+                [Variants.of(decision, "choice", "canonical", None, mean)], ["d"]
+            )
+            answers.append(dict(zip(decision.option_ids, reading.probabilities, strict=True)))
+        assert answers[0] == answers[1] == answers[2]
+        assert service.likelihood_prompt_version == "semif-option-likelihood-unlisted/1"
+    finally:
+        service.close(10)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +244,7 @@ def test_permuting_options_gives_bit_identical_probabilities(
     first = _post(client, _ask(options, normalization=normalization))["result"]
     assert (first["readout"], first["normalization"]) == ("likelihood", normalization)
     assert first["option_order"] == "canonical"
-    assert first["prompt_version"] == "semif-option-likelihood/1"
+    assert first["prompt_version"] == "semif-option-likelihood-unlisted/1"
     assert sum(first["probabilities"]) == pytest.approx(1.0)
     expected = dict(zip(first["option_ids"], first["probabilities"], strict=True))
     for _ in range(3):
@@ -261,9 +328,9 @@ def test_many_multi_token_options_ride_one_request(client: TestClient) -> None:
 
 
 def test_the_request_token_budget_charges_every_branch(tiny_model_dir: Path) -> None:
-    """Each branch is charged (its rows and its stream's copy): 30 options fit the prompt
+    """Each branch is charged (its rows and its stream's copy): 80 options fit the prompt
     limit one by one, not the request budget all together."""
-    options = [(f"o{i}", f"Opt {i}.") for i in range(30)]
+    options = [(f"o{i}", f"Opt {i}.") for i in range(80)]
     settings = Settings(model_dir=tiny_model_dir, max_tokens=700, max_request_tokens=700)
     with serving(settings) as limited:
         response = limited.post("/invocations", content=json.dumps(_ask(options)), headers=HEADERS)
@@ -293,3 +360,33 @@ def test_an_option_the_tokenizer_merges_into_the_prompt_is_refused(tiny_gguf: Pa
             service.score([merged], ["decision"], readouts=[choice])
     finally:
         service.close(10)
+
+
+def test_labels_change_what_likelihood_scores_and_nothing_the_letters_read(
+    client: TestClient,
+) -> None:
+    plain = _ask(list(OPTIONS))
+    labelled = json.loads(json.dumps(plain))
+    for option in labelled["decision"]["options"]:
+        option["label"] = option["id"]
+    by_text = _post(client, plain)["result"]
+    by_label = _post(client, labelled)["result"]
+    # the default prompt does not list the options: the same prompt, other branches
+    assert by_label["prompt_sha256"] == by_text["prompt_sha256"]
+    assert by_label["option_logits"] != by_text["option_logits"]
+    letters = [
+        _post(client, {**body, "readout": "letters"})["result"] for body in (plain, labelled)
+    ]
+    assert letters[0]["prompt_sha256"] == letters[1]["prompt_sha256"]
+    assert letters[0]["probabilities"] == letters[1]["probabilities"]
+
+
+def test_two_options_with_the_same_answer_text_are_refused(client: TestClient) -> None:
+    """They would score the same whatever the evidence; the letters tell them apart by
+    position, the likelihood readout cannot."""
+    body = _ask([("a", "Refund it."), ("b", "Keep it.")])
+    body["decision"]["options"][1]["label"] = "Refund it."
+    response = client.post("/invocations", content=json.dumps(body), headers=HEADERS)
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == "decision.options"
+    assert 'options "a" and "b" have the same answer text' in response.json()["error"]

@@ -85,6 +85,7 @@ def test_the_manifest_calibration_is_exposed_and_summarised(tiny_model_dir: Path
         "option_order": CALIBRATION.option_order,
         "temperatures": {"choice": 1.5, "noul": 0.8},
         "tasks_sha256": CALIBRATION.tasks_sha256,
+        "likelihood": None,
     }
 
 

@@ -1,5 +1,6 @@
 """`semif-calibrate`: the fits recover what was planted, and a run against a real tiny
-`serve` writes a calibration the adapter accepts, fitted on what the adapter serves."""
+`serve` writes a calibration the adapter accepts (the likelihood readout's section too),
+fitted on what the adapter serves."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from adapter.app import create_app
 from adapter.ordering import canonical_order, rotations
-from adapter.prompts import PROMPT_VERSION
+from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
 from adapter.readout import log_softmax
 from adapter.settings import Settings
 from bench.calibrate import (
@@ -121,6 +122,27 @@ def test_a_run_writes_a_calibration_the_adapter_reads(tiny_url: str, tmp_path: P
         assert set(report["held_out"][mode]["uncalibrated"]) == {"accuracy", "nll", "brier", "ece"}
     assert calibration.metrics["held_out"] == report["held_out"]["canonical"]
     assert (out / "reliability.png").read_bytes().startswith(PNG_MAGIC)
+    # The likelihood readout: a temperature per normalization for the nominal kinds only
+    # (score questions are read by letters), held out like the letters'.
+    assert calibration.likelihood is not None
+    assert calibration.likelihood.prompt_version == LIKELIHOOD_PROMPT_VERSIONS["unlisted"]
+    assert {n: set(kinds) for n, kinds in calibration.likelihood.temperatures.items()} == {
+        n: {"choice", "noul"} for n in ("sum", "mean", "pmi")
+    }
+    for name in ("likelihood sum", "likelihood mean", "likelihood pmi"):
+        assert set(report["likelihood_held_out"][name]) == {"uncalibrated", "calibrated"}
+
+
+def test_without_likelihood_the_file_has_no_likelihood_section(
+    tiny_url: str, tmp_path: Path
+) -> None:
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text("\n".join(SMOKE_TASKS.read_text().splitlines()[:4]) + "\n")
+    out = tmp_path / "out"
+    main([str(tasks_file), "--url", tiny_url, "--folds", "2", "--out", str(out), "--no-likelihood"])
+    calibration = load_calibration(out / "calibration.json")
+    assert calibration.likelihood is None
+    assert "likelihood" not in json.loads((out / "calibration.json").read_text())
 
 
 def test_what_is_fitted_is_what_is_served(tiny_url: str) -> None:
@@ -131,11 +153,18 @@ def test_what_is_fitted_is_what_is_served(tiny_url: str) -> None:
     model. A mapping by the wrong order is off by tenths."""
     client = open_client(url=tiny_url, endpoint=None, region=None, timeout_s=60)
     tasks = _choice_tasks()[:2]
-    scored, version = score_all(client, tasks)
-    assert version == PROMPT_VERSION
-    for item in scored:
+    read = score_all(client, tasks)
+    assert read.prompt_version == PROMPT_VERSION
+    assert read.likelihood_version == LIKELIHOOD_PROMPT_VERSIONS["unlisted"]
+    for item in read.scored:
         modes: tuple[tuple[OptionOrder, float], ...] = (("canonical", 5e-3), ("debiased", 1e-5))
         for mode, tolerance in modes:
             served = client.invoke({**single_body(item.task.decision), "option_order": mode})
             ours = item.probabilities(mode, None)
             assert served["result"]["probabilities"] == pytest.approx(list(ours), abs=tolerance)
+        # Read by likelihood, the same request is the same arithmetic.
+        for normalization in ("sum", "mean", "pmi"):
+            body = {**single_body(item.task.decision), "readout": "likelihood"}
+            served = client.invoke(body | {"normalization": normalization})
+            ours = item.likely(normalization, None)
+            assert served["result"]["probabilities"] == pytest.approx(list(ours), abs=1e-9)

@@ -11,7 +11,15 @@ import pytest
 from adapter.app import create_app
 from adapter.settings import Settings
 from bench.metrics import Answer
-from bench.quality import ORDERINGS, _invariance, format_quality, reorder, run_quality
+from bench.quality import (
+    ORDERINGS,
+    _invariance,
+    format_quality,
+    labelled,
+    reorder,
+    run_listing,
+    run_quality,
+)
 from bench.runner import open_client
 from bench.tasks import load_tasks
 from tests.support.live_server import live_server
@@ -79,3 +87,50 @@ def test_a_run_shows_canonical_and_debiased_invariant(tiny_model_dir: Path) -> N
     assert large["canonical"] is None
     assert large["tokens_vs_debiased"] is None
     assert large["likelihood"]["evaluated_tokens"] > small["likelihood"]["evaluated_tokens"]
+    # one-word labels score fewer tokens than the options' words
+    assert large["label_tokens_vs_words"] < 1
+    assert set(likelihood["answer_texts"]) == {
+        f"{text} {n}" for text in ("description", "id", "name") for n in ("sum", "mean", "pmi")
+    }
+    for name, row in likelihood["answer_texts"].items():
+        assert row["nll"] > 0, name
+    assert likelihood["prompt_version"] == "semif-option-likelihood-unlisted/1"
+    # the listed prompt, on a second server
+    listed_settings = Settings(
+        model_dir=tiny_model_dir, max_tokens=2048, threads=2, likelihood_prompt="listed"
+    )
+    with live_server(create_app(listed_settings)) as url:
+        client = open_client(url=url, endpoint=None, region=None, timeout_s=60)
+        report["likelihood"]["listed"] = run_listing(
+            client, tasks[:2], cost_repeats=1, likelihood_state=30
+        )
+    listed = report["likelihood"]["listed"]
+    assert listed["prompt_version"] == "semif-option-likelihood/1"
+    assert len(listed["answer_texts"]) == 9
+    assert listed["cost"][0]["canonical"] is None  # the letters are the first server's
+    # the unlisted prompt does not grow with the options: 32 options cost less than listed
+    assert (
+        large["likelihood"]["evaluated_tokens"]
+        < listed["cost"][-1]["likelihood"]["evaluated_tokens"]
+    )
+    text = format_quality(report)
+    assert "unlisted name mean" in text
+    assert "listed description sum" in text
+    # --likelihood-only: no letters tables, the likelihood's all there
+    likelihood_only = {k: v for k, v in report.items() if k not in ("invariance", "cost")}
+    likelihood_only["likelihood"] = {k: v for k, v in likelihood.items() if k != "invariance"}
+    short = format_quality(likelihood_only)
+    assert "flips rev" not in short
+    assert "unlisted name mean" in short
+    calibrated = report["likelihood_calibration"]["likelihood mean"]
+    assert set(calibrated) == {"uncalibrated", "calibrated"}
+
+
+def test_answer_texts_label_options_by_id_or_by_its_words() -> None:
+    task = next(t for t in load_tasks() if "_" in t.decision.options[0].id)
+    assert labelled(task, "description") == task
+    by_id = labelled(task, "id").decision.options[0]
+    by_name = labelled(task, "name").decision.options[0]
+    assert by_id.label == task.decision.options[0].id
+    assert by_name.label == task.decision.options[0].id.replace("_", " ")
+    assert by_name.description == task.decision.options[0].description

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from model_build.calibration import parse_calibration
+from model_build.calibration import Calibration, LikelihoodCalibration, parse_calibration
 from model_build.manifest import (
     BuildInfo,
     GgufInfo,
@@ -56,6 +57,29 @@ def test_round_trip_without_and_with_calibration() -> None:
     assert parse_calibration(_document(calibrated)["calibration"]) == CALIBRATION
 
 
+def test_the_likelihood_section_round_trips_and_stays_absent_when_unfitted() -> None:
+    assert "likelihood" not in CALIBRATION.to_document()  # files from before it parse the same
+    fitted = LikelihoodCalibration(
+        "semif-option-likelihood/1", {"mean": {"choice": 0.8, "noul": 1.3}, "pmi": {}}
+    )
+    with_likelihood = _with_likelihood(fitted)
+    document = json.loads(with_likelihood.to_json())
+    assert document["likelihood"] == {
+        "prompt_version": "semif-option-likelihood/1",
+        "temperatures": {"mean": {"choice": 0.8, "noul": 1.3}, "pmi": {}},
+    }
+    parsed = parse_calibration(document)
+    assert parsed == with_likelihood
+    assert parsed.likelihood is not None
+    assert parsed.likelihood.temperature("mean", "noul") == 1.3
+    assert parsed.likelihood.temperature("sum", "choice") is None
+    assert calibration_sha256(parsed) != calibration_sha256(CALIBRATION)
+
+
+def _with_likelihood(likelihood: LikelihoodCalibration) -> Calibration:
+    return dataclasses.replace(CALIBRATION, likelihood=likelihood)
+
+
 def test_calibration_digest_follows_the_content_not_the_formatting() -> None:
     reformatted = parse_calibration(json.loads(json.dumps(CALIBRATION.to_document())))
     assert calibration_sha256(reformatted) == calibration_sha256(CALIBRATION)
@@ -88,6 +112,9 @@ def test_the_old_single_temperature_form_is_refused_by_name() -> None:
         "model-build --calibration FILE",
     ):
         parse_manifest(document)
+
+
+LIKELIHOOD = {"prompt_version": "semif-option-likelihood/1", "temperatures": {}}
 
 
 def _set(path: str, value: object) -> dict[str, Any]:
@@ -134,6 +161,32 @@ def _set(path: str, value: object) -> dict[str, Any]:
             "calibration",
             {**CALIBRATION.to_document(), "tasks_sha256": "x"},
             "calibration.tasks_sha256: expected 64 lowercase hex",
+        ),
+        (
+            "calibration",
+            {**CALIBRATION.to_document(), "likelihood": {"temperatures": {}}},
+            "calibration.likelihood.prompt_version: required",
+        ),
+        (
+            "calibration",
+            {**CALIBRATION.to_document(), "likelihood": LIKELIHOOD | {"temperatures": {"max": {}}}},
+            "calibration.likelihood.temperatures: 'max' is not a normalization",
+        ),
+        (
+            "calibration",
+            {
+                **CALIBRATION.to_document(),
+                "likelihood": LIKELIHOOD | {"temperatures": {"mean": {"choice": 500}}},
+            },
+            "calibration.likelihood.temperatures.mean.choice: must be a number in 0.01..100",
+        ),
+        (
+            "calibration",
+            {
+                **CALIBRATION.to_document(),
+                "likelihood": LIKELIHOOD | {"temperatures": {"sum": {"yes": 1.0}}},
+            },
+            "calibration.likelihood.temperatures.sum: 'yes' is not a question kind",
         ),
     ],
 )
