@@ -415,11 +415,11 @@ def score_all(client: Invoker, tasks: Sequence[Task], likelihood: bool = True) -
         scored.append(item)
         versions |= seen
         likely_versions |= seen_likely
-    for found, needed in ((versions, 1), (likely_versions, 1 if likely_versions else 0)):
-        if len(found) != needed:
-            raise CalibrateError(
-                f"the server reported prompt versions {sorted(found)}; expected one"
-            )
+    if len(versions) != 1 or len(likely_versions) > 1:  # likelihood: none with --no-likelihood
+        raise CalibrateError(
+            f"the server reported prompt versions {sorted(versions | likely_versions)}; "
+            "expected one per readout"
+        )
     return ScoredTasks(scored, versions.pop(), likely_versions.pop() if likely_versions else None)
 
 

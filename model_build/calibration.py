@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 CALIBRATION_SCHEMA_VERSION = 1
 QuestionKind = Literal["choice", "noul", "score"]
@@ -44,6 +44,7 @@ Normalization = Literal["sum", "mean", "pmi"]
 NORMALIZATIONS: tuple[Normalization, ...] = ("sum", "mean", "pmi")
 MAX_PRIOR_OPTIONS = 260
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+Name = TypeVar("Name", bound=str)
 
 
 class CalibrationError(ValueError):
@@ -149,11 +150,17 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
     return value
 
 
+def _member(key: str, allowed: tuple[Name, ...], where: str, what: str) -> Name:
+    """`key` as one of `allowed` (a question kind, a normalization), else an error naming
+    the field and the choices."""
+    for name in allowed:
+        if key == name:
+            return name
+    raise CalibrationError(f"{where}: {key!r} is not a {what} ({', '.join(allowed)})")
+
+
 def _kind(key: str, where: str) -> QuestionKind:
-    for kind in QUESTION_KINDS:
-        if key == kind:
-            return kind
-    raise CalibrationError(f"{where}: {key!r} is not a question kind ({', '.join(QUESTION_KINDS)})")
+    return _member(key, QUESTION_KINDS, where, "question kind")
 
 
 def _temperatures(
@@ -180,11 +187,7 @@ def _likelihood(section: Mapping[str, Any], where: str) -> LikelihoodCalibration
         raise CalibrationError(f"{path}.prompt_version: required, a non-empty string")
     temperatures: dict[Normalization, dict[QuestionKind, float]] = {}
     for key, value in _mapping(section.get("temperatures"), f"{path}.temperatures").items():
-        normalization = next((n for n in NORMALIZATIONS if n == key), None)
-        if normalization is None:
-            raise CalibrationError(
-                f"{path}.temperatures: {key!r} is not a normalization ({', '.join(NORMALIZATIONS)})"
-            )
+        normalization = _member(key, NORMALIZATIONS, f"{path}.temperatures", "normalization")
         kinds_path = f"{path}.temperatures.{key}"
         temperatures[normalization] = _temperatures(_mapping(value, kinds_path), kinds_path)
     return LikelihoodCalibration(prompt_version, temperatures)
