@@ -4,9 +4,9 @@ As llama.cpp's server hands each task a `should_stop`, every request carries one
 the HTTP layer sets it when the client disconnects, the service when the request's deadline
 passes while it waits for the worker; the scheduler's worker reads it between passes and
 tokens and drops the work. Its reason decides the answer: a client that left gets 499
-(nobody reads it; logged as such, never with a traceback), a passed deadline a retryable
-503. A request that waits too long in the queue is the scheduler's own 503 and cancels
-nothing.
+(nobody reads it; logged as such, never with a traceback), a passed deadline a 429 (come
+back later). A request that waits too long in the queue is the scheduler's own 429 and
+cancels nothing.
 
 Threads: set from the event loop or a request thread, read by the worker; the first reason
 set wins. Pure: the HTTP layer imports it without loading llama.cpp.
@@ -17,17 +17,17 @@ from __future__ import annotations
 import threading
 from typing import Literal
 
-from adapter.errors import ApiError, ClientDisconnectedError, UnavailableError
+from adapter.errors import ApiError, BusyError, ClientDisconnectedError
 
 CancelReason = Literal["client_gone", "deadline"]
 
 
-def deadline_error(where: str) -> UnavailableError:
-    """The answer to a request whose SEMIF_REQUEST_TIMEOUT_S passed (`where` says when)."""
-    return UnavailableError(
-        f"the request's deadline passed {where} (SEMIF_REQUEST_TIMEOUT_S)",
-        retryable=True,
-        cause="deadline",
+def deadline_error(where: str) -> BusyError:
+    """The answer to a request whose SEMIF_REQUEST_TIMEOUT_S passed (`where` says when): a
+    429, since the work that went before it took its time (a model that got slow is what
+    the scoring-speed alarm reads, not this)."""
+    return BusyError(
+        f"the request's deadline passed {where} (SEMIF_REQUEST_TIMEOUT_S)", cause="deadline"
     )
 
 

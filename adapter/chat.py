@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adapter import fields
 from adapter.errors import RequestError
 from adapter.fields import member_path
 from adapter.service import Generation, Sampling
@@ -92,7 +93,9 @@ def _max_tokens(body: Mapping[str, Any], limit: int) -> int:
     value = body.get(key, limit)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
         raise RequestError(
-            key, f"must be an integer from 1 to {limit} (SEMIF_MAX_CHAT_TOKENS); got {value!r}"
+            key,
+            f"must be an integer from 1 to {limit} (SEMIF_MAX_CHAT_TOKENS); "
+            f"got {fields.shown(value)}",
         )
     return value
 

@@ -95,29 +95,26 @@ class UnauthorizedError(ApiError):
         return {"www-authenticate": "Bearer"}
 
 
-# Why a 503 was answered, for the request's log line: a small fixed set of words.
-UnavailableCause = Literal[
-    "loading",
-    "unhealthy",
-    "stopping",
-    "queue_full",
-    "overloaded",
-    "queue_timeout",
-    "deadline",
-    "capacity",
-]
-
+# Why a call was told to come back later: load (429, "slow down": the queue is full, the work
+# ahead outlasts the queue timeout, the request waited or ran past its time) or the server
+# itself (503: loading, unhealthy, stopping, or a batch the KV cache could not hold). The
+# two are kept apart end to end because SageMaker counts every 5XX a container answers in
+# Invocation5XXErrors, which the rollback and paging alarms read: overload must not look
+# like failure. A small fixed set of words, logged and counted, never answered.
+BusyCause = Literal["queue_full", "overloaded", "queue_timeout", "deadline"]
+UnavailableCause = Literal["loading", "unhealthy", "stopping", "capacity"]
 
 MAX_RETRY_AFTER_S = 30  # the longest Retry-After the adapter sends
 
 
-class UnavailableError(ApiError):
-    """503: the model is loading, unhealthy, or out of capacity; `retryable` says whether a
-    retry after `Retry-After` seconds can succeed, `cause` (logged, not answered) why, and
+class RetryLaterError(ApiError):
+    """An answer that says when to come back: `retryable` whether a retry after
+    `Retry-After` seconds can succeed, `cause` (logged, not answered) why, and
     `retry_token` (answered) the caller's place in the retry line, to send back with the
-    retry (RETRY_TOKEN_ATTRIBUTE)."""
+    retry (RETRY_TOKEN_ATTRIBUTE). `log_field` names the cause in the request's log line
+    and so in the metrics (adapter.metrics)."""
 
-    status = 503
+    log_field: ClassVar[str]
 
     def __init__(
         self,
@@ -126,7 +123,7 @@ class UnavailableError(ApiError):
         retryable: bool,
         retry_after: int = 1,
         retry_token: str | None = None,
-        cause: UnavailableCause | None = None,
+        cause: str | None = None,
     ) -> None:
         # The hint is in the body too: SageMaker's InvokeEndpoint drops container headers.
         extra: dict[str, Any] = {"retry_after_seconds": retry_after} if retryable else {}
@@ -139,6 +136,44 @@ class UnavailableError(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"retry-after": str(self.retry_after)} if self.retryable else {}
+
+
+class BusyError(RetryLaterError):
+    """429: refused for load, always retryable (HTTP's "too many requests": clients, SDKs
+    and SageMaker's metrics read it as "slow down", not as a server failure)."""
+
+    status = 429
+    log_field = "refused"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cause: BusyCause,
+        retry_after: int = 1,
+        retry_token: str | None = None,
+    ) -> None:
+        super().__init__(
+            message, retryable=True, retry_after=retry_after, retry_token=retry_token, cause=cause
+        )
+
+
+class UnavailableError(RetryLaterError):
+    """503: the server cannot answer (loading, unhealthy, stopping, out of KV capacity);
+    retryable unless the model is unhealthy."""
+
+    status = 503
+    log_field = "unavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: int = 1,
+        cause: UnavailableCause | None = None,
+    ) -> None:
+        super().__init__(message, retryable=retryable, retry_after=retry_after, cause=cause)
 
 
 def shutting_down() -> UnavailableError:

@@ -21,18 +21,39 @@ _SIMPLE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 MAX_KEY_ECHO = 64  # characters of a key an error message repeats
 
 
+def shown(value: Any) -> str:
+    """A request's value as an error message repeats it: JSON, ASCII-escaped, and a string
+    longer than MAX_KEY_ECHO characters cut there with its length named, so an error never
+    echoes a huge value back (a 500 KB key or enum value is not a 1 MB answer)."""
+    if isinstance(value, str) and len(value) > MAX_KEY_ECHO:
+        return f'{json.dumps(value[:MAX_KEY_ECHO])[:-1]}..." ({len(value)} characters)'
+    text = json.dumps(value)
+    return (
+        text if len(text) <= MAX_KEY_ECHO else f"{text[:MAX_KEY_ECHO]}... ({len(text)} characters)"
+    )
+
+
 def member_path(parent: str, key: str) -> str:
     """The JSON path of `key` in the object at `parent` ("" is the body itself):
     `decision.state` for plain keys, `body[""]` or `questions["a b"]` (JSON-quoted,
-    ASCII-escaped) for any other, so a path is never empty and never ambiguous. A key
-    longer than MAX_KEY_ECHO characters is cut there and its length named: an error names
-    the field without echoing a huge key back (a 500 KB key is not a 1 MB answer)."""
-    if len(key) > MAX_KEY_ECHO:
-        shown = json.dumps(key[:MAX_KEY_ECHO])[:-1]
-        return f'{parent or "body"}[{shown}..." ({len(key)} characters)]'
-    if _SIMPLE_KEY.match(key):
+    ASCII-escaped) for any other, so a path is never empty and never ambiguous; a long key
+    is cut (`shown`)."""
+    if _SIMPLE_KEY.match(key) and len(key) <= MAX_KEY_ECHO:
         return f"{parent}.{key}" if parent else key
-    return f"{parent or 'body'}[{json.dumps(key)}]"
+    return f"{parent or 'body'}[{shown(key)}]"
+
+
+def one_of(
+    value: Any, path: str, allowed: Sequence[str], shape_error: ShapeError = RequestError
+) -> str:
+    """One of `allowed`: a 400 naming the field and the choices for another string (cut,
+    `shown`), and `shape_error` for a value that is no string (System One answers those
+    with a 422)."""
+    if not isinstance(value, str):
+        raise shape_error(path, "must be a string")
+    if value in allowed:
+        return value
+    raise RequestError(path, f"{shown(value)} is not one of {', '.join(allowed)}")
 
 
 def json_object(value: Any, path: str, shape_error: ShapeError = RequestError) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from adapter.errors import (
     PayloadTooLargeError,
     RequestError,
     RequestTimeoutError,
+    RetryLaterError,
     UnauthorizedError,
-    UnavailableError,
     UnsupportedMediaTypeError,
 )
 from adapter.fields import member_path
@@ -50,7 +50,7 @@ MAX_JSON_DEPTH = 64  # far beyond any valid body; keeps every later walk shallow
 Call = Callable[
     [Any, str, Cancellation, str | None], Awaitable[tuple[dict[str, Any], dict[str, Any]]]
 ]
-# A 503's retry_token comes back in the header SageMaker forwards InvokeEndpoint's
+# A 429's retry_token comes back in the header SageMaker forwards InvokeEndpoint's
 # CustomAttributes as (the only request header a caller controls through SageMaker), as
 # `semif-retry-token=<token>`, beside any other attributes (separated by `;` or `,`).
 CUSTOM_ATTRIBUTES_HEADER = "x-amzn-sagemaker-custom-attributes"
@@ -83,15 +83,17 @@ async def read_json_body(request: Request, max_bytes: int, timeout_seconds: floa
             "application/jsonlines to /invocations, one request per line)"
         )
     chunks: list[bytes] = []
-    await read_body(
-        request, chunks.append, max_bytes, timeout_seconds, limit_name="SEMIF_MAX_BODY_BYTES"
-    )
+
+    async def keep(chunk: bytes) -> None:
+        chunks.append(chunk)
+
+    await read_body(request, keep, max_bytes, timeout_seconds, limit_name="SEMIF_MAX_BODY_BYTES")
     return parse_json(b"".join(chunks))
 
 
 async def read_body(
     request: Request,
-    take: Callable[[bytes], None],
+    take: Callable[[bytes], Awaitable[None]],
     max_bytes: int,
     timeout_seconds: float,
     *,
@@ -99,7 +101,9 @@ async def read_body(
 ) -> None:
     """Hand each chunk of the body to `take` as it arrives, within `max_bytes` (the setting
     `limit_name`: a 413 as soon as the body announces or sends more) and `timeout_seconds`
-    for all of it (a 408); a client gone before the end is a 499."""
+    for all of it, `take`'s time included (a 408); a client gone before the end is a 499.
+    `take` is awaited, so what it does with a chunk may leave the event loop (a JSON Lines
+    chunk of many lines is parsed in a worker thread)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLargeError(
@@ -112,7 +116,7 @@ async def read_body(
                 size += len(chunk)
                 if size > max_bytes:
                     raise PayloadTooLargeError(f"body exceeds {max_bytes} bytes ({limit_name})")
-                take(chunk)
+                await take(chunk)
     except TimeoutError:
         raise RequestTimeoutError(
             f"body did not arrive within {timeout_seconds:g} s (SEMIF_BODY_TIMEOUT_SECONDS; "
@@ -239,7 +243,7 @@ def retry_token_of(request: Request) -> str | None:
             if not _RETRY_TOKEN.match(value.strip()):
                 raise RequestError(
                     f"headers.{CUSTOM_ATTRIBUTES_HEADER}",
-                    f"{RETRY_TOKEN_ATTRIBUTE} must be the retry_token of a 503 answer "
+                    f"{RETRY_TOKEN_ATTRIBUTE} must be the retry_token of a 429 answer "
                     "(1 to 64 characters from A-Z a-z 0-9 _ -)",
                 )
             return value.strip()
@@ -277,8 +281,8 @@ async def answer(
         response = json_response(200, payload, **headers)
     except ApiError as error:
         error.extra["request_id"] = request_id
-        if isinstance(error, UnavailableError) and error.cause is not None:
-            log["unavailable"] = error.cause
+        if isinstance(error, RetryLaterError) and error.cause is not None:
+            log[error.log_field] = error.cause
         response = error_response(error, **headers)
     except Exception:
         LOG.exception("scoring failed (request_id=%s)", request_id)

@@ -21,13 +21,13 @@ request schema, like adapter.readout.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from adapter.errors import ApiError, RequestError
+from adapter.errors import RequestError
 from adapter.readout import NonFiniteLogitsError, SlotReadout, softmax
 from model_build.calibration import Normalization
 
@@ -66,21 +66,6 @@ class ReadoutChoice:
 
 
 LETTERS = ReadoutChoice()  # the default readout
-
-
-def choose(
-    value: object,
-    path: str,
-    allowed: Sequence[str],
-    shape_error: Callable[[str, str], ApiError] = RequestError,
-) -> str:
-    """One of `allowed`: a 400 naming the field and the choices for another string, and
-    `shape_error` for a value that is no string (System One answers those with a 422)."""
-    if not isinstance(value, str):
-        raise shape_error(path, "must be a string")
-    if value in allowed:
-        return value
-    raise RequestError(path, f"{json.dumps(value)} is not one of {', '.join(allowed)}")
 
 
 def option_tokens(

@@ -6,33 +6,43 @@ application/jsonlines` (or `application/x-jsonlines`) each line of the body is a
 its own (adapter.line_plan says which ride together), and the answer is a 200 whose body
 has one JSON line per input line, in input order: what the line's API answers, or the
 line's error (`status`, `error`, `field`), each with its `line` (0-based). A bad line never
-fails its neighbours; the body is refused whole only when it is over SEMIF_MAX_LINES_BYTES,
-arrives too slowly, or holds no JSON line at all (then it is not JSON Lines).
+fails its neighbours, and merging never fails a line that succeeds alone (a merged group
+that fails as asked is tried again in halves); the body is refused whole (413) only when it
+is over SEMIF_MAX_LINES_BYTES or holds more than SEMIF_MAX_LINES lines, arrives too slowly,
+or holds no JSON line at all (then it is not JSON Lines).
 
 Memory: the body is read chunk by chunk and each line parsed as soon as it is complete, so
 a line's bytes are gone once parsed (a line over SEMIF_MAX_BODY_BYTES is skipped unread and
 answered with a 413 line); answers are written as soon as every line before them is
-answered, and dropped once written.
+answered, and dropped once written. The line limit bounds what no byte limit does: each
+line costs a parse and an answer line whatever its size.
+
+The event loop only moves bytes: each chunk's lines are parsed, and the body planned, in a
+worker thread (so /ping answers while a large body is read), and answer lines are written
+in pieces of about WRITE_BYTES, not one send each.
 
 Time: groups go to the scheduler while it wants more work (Scheduler.wants_work: less than a
 pass of rows ready behind the one being scored, all callers' work counted, taking less than
-half the queue timeout),
-so the passes stay full while a large body never fills the queue that online callers share
-with it, nor makes its own groups wait there past their deadlines. A group refused for load
-(queue full, overloaded, queue timeout) waits its Retry-After and tries again with its
-retry token while the body's deadline lasts: SEMIF_REQUEST_TIMEOUT_S from arrival (in a
-batch transform job, SAGEMAKER_BATCH, SEMIF_BATCH_TIMEOUT_S: 3600 s). Lines whose group has
-not started by then are answered with a retryable 503 line.
+half the queue timeout), so the passes stay full while a large body never fills the queue
+that online callers share with it, nor makes its own groups wait there past their
+deadlines. A group refused for load (a 429: queue full, overloaded, queue timeout) waits
+its Retry-After and tries again with its retry token while the body's deadline lasts:
+SEMIF_REQUEST_TIMEOUT_S from the call's arrival (in a batch transform job, SAGEMAKER_BATCH,
+SEMIF_BATCH_TIMEOUT_S: 3600 s). At the deadline every line not answered yet gets a 429
+line (`deadline`) at once and the work under way is dropped, so the scored lines reach the
+caller before SageMaker's own limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -40,10 +50,10 @@ from adapter import handlers
 from adapter.cancel import Cancellation, deadline_error
 from adapter.errors import (
     ApiError,
+    BusyError,
     ClientDisconnectedError,
     PayloadTooLargeError,
     RequestError,
-    UnavailableError,
 )
 from adapter.http import (
     LOG,
@@ -54,14 +64,11 @@ from adapter.http import (
     read_body,
     request_id_of,
 )
-from adapter.line_plan import Group, plan
+from adapter.line_plan import Group, Plan, plan
 from adapter.runtime import Runtime
 from adapter.schema import DecisionRequest
 
 MEDIA_TYPES = ("application/jsonlines", "application/x-jsonlines")
-# 503 causes a group waits out and retries (the others would fail again, or mean the
-# server is going away).
-RETRIED_CAUSES = ("queue_full", "overloaded", "queue_timeout")
 # SageMaker batch transform's GET /execution-parameters: one mini-batch scoring while the
 # next arrives and the last one's output is written (each mini-batch fills the passes by
 # itself); SageMaker's default payload, ~6,000 one-KB decision lines.
@@ -71,6 +78,9 @@ MAX_CONCURRENT_TRANSFORMS = 2
 FEED_POLL_S = 0.02
 QUEUED_WAIT_S = 1.0
 MAX_PAYLOAD_MB = 6
+# Answer lines are written in pieces of about this many bytes: one send per line would cost
+# more than the line (10^6 short error lines took 21.5 s that way).
+WRITE_BYTES = 64 << 10
 
 
 def execution_parameters(max_lines_bytes: int) -> dict[str, Any]:
@@ -139,17 +149,32 @@ def _parse_line(raw: bytes, overflow: int, limit: int) -> Any:
 
 
 async def read_lines(
-    request: Request, *, max_bytes: int, max_line_bytes: int, timeout_seconds: float
+    request: Request,
+    *,
+    max_bytes: int,
+    max_line_bytes: int,
+    max_lines: int,
+    timeout_seconds: float,
 ) -> list[Any]:
-    """Every line of the body, parsed as it completes (a JSON value or its ApiError)."""
+    """Every line of the body, parsed as it completes (a JSON value or its ApiError): each
+    chunk's lines in a worker thread, so a chunk of many lines never holds the event loop;
+    a 413 as soon as the body holds more than `max_lines` lines (SEMIF_MAX_LINES)."""
     lines: list[Any] = []
     splitter = LineSplitter(max_line_bytes)
 
-    def take(chunk: bytes) -> None:
-        lines.extend(_parse_line(raw, over, max_line_bytes) for raw, over in splitter.feed(chunk))
+    def parse(done: list[tuple[bytes, int]]) -> None:
+        if len(lines) + len(done) > max_lines:
+            raise PayloadTooLargeError(
+                f"body holds more than {max_lines} lines (SEMIF_MAX_LINES); send fewer lines "
+                "per request"
+            )
+        lines.extend(_parse_line(raw, over, max_line_bytes) for raw, over in done)
+
+    async def take(chunk: bytes) -> None:
+        await anyio.to_thread.run_sync(lambda: parse(splitter.feed(chunk)))
 
     await read_body(request, take, max_bytes, timeout_seconds, limit_name="SEMIF_MAX_LINES_BYTES")
-    lines.extend(_parse_line(raw, over, max_line_bytes) for raw, over in splitter.rest())
+    parse(splitter.rest())
     if not any(not isinstance(line, ApiError) for line in lines):
         raise RequestError(
             "body",
@@ -163,24 +188,36 @@ def _error_line(line: int, error: ApiError) -> dict[str, Any]:
 
 
 class _Body:
-    """One JSON Lines body being answered: its groups, their cancellations, its log."""
+    """One JSON Lines body being answered: its groups, their cancellations, its log.
 
-    def __init__(self, runtime: Runtime, request_id: str, lines: list[Any]) -> None:
+    Its deadline runs from the call's arrival (`arrived`, time.monotonic), like an online
+    request's: SEMIF_REQUEST_TIMEOUT_S, within SageMaker's 60 s for a real-time call. When
+    it comes, every line not answered yet is answered with the deadline's 429 at once and
+    the work under way is cancelled: the lines scored by then are kept and the answer ends
+    in time, instead of waiting for each unstarted group to find room only to be refused."""
+
+    def __init__(self, runtime: Runtime, request_id: str, planned: Plan, count: int) -> None:
         self.runtime = runtime
         self.request_id = request_id
         settings = runtime.settings
-        self.plan = plan(lines, settings.max_shared_decisions, settings.readout)
-        self.count = len(lines)
-        self.deadline = time.monotonic() + settings.request_timeout_seconds
+        self.plan = planned
+        self.count = count
+        self.deadline = 0.0  # set by `answers`, from the call's arrival
         self.most_in_flight = max(1, min(settings.max_batch_requests, settings.max_queue))
         self.cancels: list[Cancellation] = []
         self.statuses: dict[int, int] = {}
 
     async def run(self, group: Group) -> list[tuple[int, dict[str, Any]]]:
-        """The answers to the group's lines."""
+        """The answers to the group's lines. A merged group that fails for what it asked (a
+        4xx other than load) is tried again as two halves, down to single lines: merging
+        must never turn lines that are answerable alone into errors (nine lines over the
+        request budget together), and a line that fails alone names its own field."""
         try:
             response = await self._score(group)
         except ApiError as error:
+            if group.merged and _fails_as_asked(error):
+                first, second = group.halves()
+                return await self.run(first) + await self.run(second)
             return [(line, _error_line(line, error)) for line in group.lines]
         except Exception:  # a bug: its lines say so, the others are still answered
             LOG.exception(
@@ -198,6 +235,8 @@ class _Body:
         ]
 
     async def _score(self, group: Group) -> dict[str, Any]:
+        """Score the group; refused for load, wait the Retry-After and try again with the
+        retry token while the body's deadline lasts."""
         token: str | None = None
         while True:
             if time.monotonic() >= self.deadline:
@@ -215,9 +254,9 @@ class _Body:
                         self.runtime, group.request, request_id, cancel, token
                     )
                 return response
-            except UnavailableError as error:
+            except BusyError as error:
                 wait = min(error.retry_after, self.deadline - time.monotonic())
-                if error.cause not in RETRIED_CAUSES or wait <= 0:
+                if wait <= 0:
                     raise
                 token = error.extra.get("retry_token")
                 await asyncio.sleep(wait)
@@ -243,7 +282,7 @@ class _Body:
         if service is None:
             return
         before = service.scheduler.backlog_rows()
-        deadline = time.monotonic() + QUEUED_WAIT_S
+        deadline = min(time.monotonic() + QUEUED_WAIT_S, self.deadline)
         while not task.done() and time.monotonic() < deadline:
             await asyncio.sleep(FEED_POLL_S)
             if service.scheduler.backlog_rows() != before:
@@ -253,8 +292,10 @@ class _Body:
         for cancel in list(self.cancels):
             cancel.set("client_gone")
 
-    async def answers(self) -> AsyncIterator[bytes]:
-        """Answer lines in input order, each as soon as the lines before it are answered."""
+    async def answers(self, arrived: float) -> AsyncIterator[bytes]:
+        """Answer lines in input order, each as soon as the lines before it are answered,
+        written in pieces of about WRITE_BYTES; at the deadline, the rest at once."""
+        self.deadline = arrived + self.runtime.settings.request_timeout_seconds
         ready: dict[int, dict[str, Any]] = {
             line: _error_line(line, error) for line, error in self.plan.errors.items()
         }
@@ -265,6 +306,10 @@ class _Body:
         try:
             while written < self.count:
                 while written not in ready:
+                    left = self.deadline - time.monotonic()
+                    if left <= 0:
+                        self._expire(ready, written)
+                        break
                     while unstarted and self._room(len(tasks)):
                         started = asyncio.create_task(self.run(next(waiting)))
                         tasks.add(started)
@@ -274,19 +319,37 @@ class _Body:
                     # online requests, which end without telling this body.
                     done, tasks = await asyncio.wait(
                         tasks,
-                        timeout=FEED_POLL_S if unstarted else None,
+                        timeout=min(FEED_POLL_S, left) if unstarted else left,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
                     for task in done:
                         ready.update(task.result())
-                answer = ready.pop(written)
-                self.statuses[written] = answer.get("status", 200)
-                yield _dumps(answer)
-                written += 1
+                piece = bytearray()
+                while written in ready and len(piece) < WRITE_BYTES:
+                    answer = ready.pop(written)
+                    self.statuses[written] = answer.get("status", 200)
+                    piece += _dumps(answer)
+                    written += 1
+                yield bytes(piece)
         finally:
             self.cancel_all()  # the client left (or the stream failed): drop queued work
             for task in tasks:
                 task.cancel()
+
+    def _expire(self, ready: dict[int, dict[str, Any]], written: int) -> None:
+        """The deadline came: every line not answered yet gets the deadline's 429 now (the
+        caller sends those lines again), and the work under way is dropped."""
+        for cancel in list(self.cancels):
+            cancel.set("deadline")
+        late = deadline_error("before the line was answered")
+        for line in range(written, self.count):
+            ready.setdefault(line, _error_line(line, late))
+
+
+def _fails_as_asked(error: ApiError) -> bool:
+    """Whether an error says the request itself cannot be answered (a 4xx other than a
+    refusal for load or a client gone), so that a smaller one may be."""
+    return 400 <= error.status < 500 and not isinstance(error, BusyError | ClientDisconnectedError)
 
 
 def _dumps(answer: dict[str, Any]) -> bytes:
@@ -299,6 +362,7 @@ async def answer_lines(request: Request, runtime: Runtime, *, api_key: str | Non
     """The JSON Lines call: whole-body errors as one JSON answer, else the streamed lines;
     one log line and one metrics observation per body, when its last line is written."""
     settings = runtime.settings
+    arrived = time.monotonic()
     request_id = request_id_of(request)
     started = time.perf_counter()
     headers = {"x-request-id": request_id}
@@ -309,6 +373,7 @@ async def answer_lines(request: Request, runtime: Runtime, *, api_key: str | Non
             request,
             max_bytes=settings.max_lines_bytes,
             max_line_bytes=settings.max_body_bytes,
+            max_lines=settings.max_lines,
             timeout_seconds=settings.body_timeout_seconds,
         )
     except ApiError as error:
@@ -316,13 +381,16 @@ async def answer_lines(request: Request, runtime: Runtime, *, api_key: str | Non
         response = error_response(error, **headers)
         _finish(runtime, log, response.status_code, started)
         return response
-    body = _Body(runtime, request_id, lines)
+    planned = await anyio.to_thread.run_sync(
+        lambda: plan(lines, settings.max_shared_decisions, settings.readout)
+    )
+    body = _Body(runtime, request_id, planned, len(lines))
     media_type = content_type_of(request)
 
     async def stream() -> AsyncIterator[bytes]:
         try:
-            async for line in body.answers():
-                yield line
+            async for piece in body.answers(arrived):
+                yield piece
         finally:
             statuses = list(body.statuses.values())
             log.update(
@@ -350,5 +418,5 @@ def _finish(
     log.update(status=status, seconds=round(seconds, 6))
     LOG.info(json.dumps(log, default=str, allow_nan=True))
     runtime.metrics.observe_call("lines", status, seconds, log)
-    for line_status in statuses or ():
-        runtime.metrics.lines.labels(str(line_status)).inc()
+    for line_status, lines in collections.Counter(statuses or ()).items():
+        runtime.metrics.lines.labels(str(line_status)).inc(lines)

@@ -11,7 +11,7 @@ letters.
 
 Conventions: names carry their unit (`_seconds`, `_tokens`), counters end in `_total` in the
 exposition, and every label has a small fixed set of values (an API name, a status code, a
-503 cause, a question kind, an option-order mode): never a request id, a state or an
+429 or 503 cause, a question kind, an option-order mode): never a request id, a state or an
 option id. The registry is the app's own, not the process-global default, so two apps in one
 process (the tests) never share counts.
 
@@ -68,9 +68,19 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        # Load and failure apart, as the answers keep them (adapter.errors): the alarms page on
+        # the second only.
+        self.refused = Counter(
+            "semif_refused",
+            "429 answers (load: come back later) by cause (queue_full, overloaded, "
+            "queue_timeout, deadline)",
+            ["cause"],
+            registry=registry,
+        )
         self.unavailable = Counter(
             "semif_unavailable",
-            "503 answers by cause (queue_full, overloaded, queue_timeout, deadline, loading, ...)",
+            "503 answers (the server cannot answer) by cause (loading, unhealthy, stopping, "
+            "capacity)",
             ["cause"],
             registry=registry,
         )
@@ -151,9 +161,10 @@ class Metrics:
         label = api if api in APIS else "unknown"
         self.requests.labels(label, str(status)).inc()
         self.request_seconds.labels(label).observe(seconds)
-        cause = log.get("unavailable")
-        if isinstance(cause, str):
-            self.unavailable.labels(cause).inc()
+        for field, counter in (("refused", self.refused), ("unavailable", self.unavailable)):
+            cause = log.get(field)
+            if isinstance(cause, str):
+                counter.labels(cause).inc()
         queued = log.get("queue_seconds")
         if isinstance(queued, int | float):
             self.queue_seconds.observe(queued)

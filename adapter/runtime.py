@@ -206,7 +206,7 @@ class Runtime:
     async def admit(self) -> AsyncIterator[DecisionService]:
         """Admit a validated request to the service (whose scheduler queues it), or refuse
         at once with a 503 that says whether a retry can help (loading) or not (unhealthy).
-        A full queue is the scheduler's 503."""
+        A full queue is the scheduler's 429."""
         if self.stopping:
             raise UnavailableError("server is shutting down", retryable=True, cause="stopping")
         if not self.healthy or self.service is None:

@@ -31,7 +31,6 @@ from adapter.likelihood import (
     READOUTS,
     Readout,
     ReadoutChoice,
-    choose,
 )
 from model_build.calibration import NORMALIZATIONS, OPTION_ORDERS, Normalization, OptionOrder
 
@@ -113,12 +112,7 @@ def option_order(
     value: Any, path: str, shape_error: fields.ShapeError = RequestError
 ) -> OptionOrder:
     """One of the option-order modes; the System One parser shares it."""
-    for mode in OPTION_ORDERS:
-        if value == mode:
-            return mode
-    if not isinstance(value, str):
-        raise shape_error(path, "must be a string")
-    raise RequestError(path, f"{json.dumps(value)} is not one of {', '.join(OPTION_ORDERS)}")
+    return cast(OptionOrder, fields.one_of(value, path, OPTION_ORDERS, shape_error))
 
 
 def _fraction(entry: dict[str, Any], key: str) -> float | None:
@@ -147,14 +141,14 @@ def parse_policy(entry: dict[str, Any]) -> Policy:
 
 def readout_method(value: Any, path: str, shape_error: fields.ShapeError = RequestError) -> Readout:
     """`letters` or `likelihood`; the System One parser shares it."""
-    return cast(Readout, choose(value, path, READOUTS, shape_error))
+    return cast(Readout, fields.one_of(value, path, READOUTS, shape_error))
 
 
 def normalization(
     value: Any, path: str, shape_error: fields.ShapeError = RequestError
 ) -> Normalization:
     """`sum`, `mean` or `pmi`; the System One parser shares it."""
-    return cast(Normalization, choose(value, path, NORMALIZATIONS, shape_error))
+    return cast(Normalization, fields.one_of(value, path, NORMALIZATIONS, shape_error))
 
 
 def _options(container: dict[str, Any], path: str, max_options: int) -> tuple[Option, ...]:

@@ -258,7 +258,7 @@ class DecisionService:
         `paths` name each decision in errors; `cancel` (adapter.cancel) is the request's own,
         set by the HTTP layer when its client leaves (in-process callers may omit it);
         `retry_token` the place in the retry line (adapter.core.retry_line) that an earlier
-        503 gave its client, which lets it in ahead of newcomers once due; `readouts` per
+        429 gave its client, which lets it in ahead of newcomers once due; `readouts` per
         decision how it is read (letters when omitted; adapter.question_work).
         Everything is validated (prompt and request token limits) before the request
         queues; decisions about one state share its prefix, options labelled with two

@@ -66,7 +66,7 @@ class QueueLimits:
     # Continuous batching: requests waiting for a pass, and how long one may wait there.
     max_queue: int = 256
     queue_timeout_seconds: float = 20.0
-    # Queue plus scoring; past it the request is dropped between passes (a retryable 503).
+    # Queue plus scoring; past it the request is dropped between passes (a 429).
     request_timeout_seconds: float = 50.0
     # Requests one batched pass takes; 1 scores one request at a time (serial).
     max_batch_requests: int = 32
@@ -99,6 +99,10 @@ class Settings:
     max_body_bytes: int = 1 << 20
     # A JSON Lines body (adapter.lines): many requests, each line within max_body_bytes.
     max_lines_bytes: int = 100 << 20
+    # Lines one JSON Lines body may hold: each line costs an answer line and a parse whatever
+    # its size, so bytes alone do not bound the work (1 MB of newlines is 10^6 lines). At
+    # least a 6 MB batch transform mini-batch of the smallest valid requests (~100 bytes).
+    max_lines: int = 100_000
     # Inside a SageMaker batch transform job (SAGEMAKER_BATCH): the deadline is then
     # SEMIF_BATCH_TIMEOUT_S.
     batch: bool = False
@@ -335,6 +339,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             max(1 << 20, max_body_bytes),
             1 << 30,
         ),
+        max_lines=_required_int(env, "SEMIF_MAX_LINES", Settings.max_lines, 1, 10_000_000),
         batch=batch,
         llama_lib_path=lib_path,
         prefix_reuse=_flag(env, "SEMIF_PREFIX_REUSE", default=True),

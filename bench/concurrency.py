@@ -253,7 +253,7 @@ def hold_place(http: httpx.Client, response: httpx.Response) -> None:
     """As a raw HTTP caller keeps its place in the server's retry line: a refusal's
     `retry_token` goes back with the session's next request; any other answer ends it."""
     try:
-        token = retry_token_of(response.json()) if response.status_code == 503 else None
+        token = retry_token_of(response.json()) if response.status_code == 429 else None
     except ValueError:
         token = None
     if token is None:
@@ -332,7 +332,7 @@ class Level:
     batch_requests_mean: float | None
     batch_requests_max: int | None
     ok_past_invocation_limit: int  # 200s that SageMaker would have turned into errors
-    # Overload: how long a refused request (503) waited for its answer, and how evenly the
+    # Overload: how long a refused request (429) waited for its answer, and how evenly the
     # answers were shared (the fewest and most 200s any one client got; how many clients
     # got at least one).
     refusal_seconds: dict[str, float] | None
@@ -355,7 +355,7 @@ def summarize_level(clients: int, samples: Sequence[Sample]) -> Level:
     batch = [s.reply.batch_requests for s in ok if s.reply.batch_requests is not None]
     covers = [s.reply.covers_options for s in ok if s.reply.covers_options is not None]
     same = [s.reply.same_prompt for s in ok if s.reply.same_prompt is not None]
-    refused = [s.seconds for s in samples if s.reply.status == 503]
+    refused = [s.seconds for s in samples if s.reply.status == 429]
     per_client = Counter({s.client: 0 for s in samples})
     per_client.update(s.client for s in ok)
     return Level(
@@ -858,11 +858,11 @@ def measure_concurrency(
 def format_levels(run: ConcurrencyRun) -> str:
     """One line per server, workload and level: throughput, latency, errors, queueing,
     answers that came after SageMaker's 60 s invocation limit (errors behind SageMaker), the
-    p95 wait for a 503 and the fewest and most answers one client got."""
+    p95 wait for a 429 and the fewest and most answers one client got."""
     header = (
         f"{'server':<22}{'clients':>8}{'requests':>9}{'non-200':>8}{'dec/s':>8}"
         f"{'p50 s':>8}{'p95 s':>8}{'queue p50':>10}{'queue p95':>10}{'batch':>7}{'>60 s':>7}"
-        f"{'503 p95':>8}{'ok/client':>10}"
+        f"{'429 p95':>8}{'ok/client':>10}"
     )
     rows: list[tuple[str, Level]] = [
         (f"ours, {workload}", level)

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from adapter.decisions import decide
-from adapter.errors import UnavailableError
-from adapter.lines import FEED_POLL_S, QUEUED_WAIT_S, RETRIED_CAUSES
+from adapter.errors import BusyError
+from adapter.lines import FEED_POLL_S, QUEUED_WAIT_S
 from adapter.schema import Decision
 from adapter.service import DecisionService
 from adapter.settings import Settings
@@ -190,11 +190,9 @@ def _decide_in_turn(service: DecisionService, group: list[Decision]) -> dict[str
     while True:
         try:
             return decide(service, group, "shared", retry_token=token)
-        except UnavailableError as error:
+        except BusyError as error:
             # A group past its deadline is scored again (counted: it is work the limit
             # wasted, `limit_retries`), so the run measures the whole file.
-            if error.cause not in (*RETRIED_CAUSES, "deadline"):
-                raise
             RETRIES.append(error.cause or "")
             token = error.extra.get("retry_token")
             time.sleep(error.retry_after)

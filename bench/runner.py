@@ -59,7 +59,7 @@ class Invoker(Protocol):
 def open_client(
     *, url: str | None, endpoint: str | None, region: str | None, timeout_s: float
 ) -> DecisionClient:
-    """A client for a base URL or a SageMaker endpoint. Busy answers (503) are retried
+    """A client for a base URL or a SageMaker endpoint. Busy answers (429, 503) are retried
     quickly and patiently, up to `timeout_s`: with N concurrent clients against a server
     that admits one request at a time, waiting is part of the latency being measured."""
     retry = RetryPolicy(

@@ -6,11 +6,11 @@ request). Lines are sent as JSON Lines requests, the lines about one state toget
 and decodes the state once; two requests are in flight at once so the endpoint always has
 the next one while it answers the last. Each request carries as many lines as the endpoint
 answers in about 20 s at the pace measured so far (`Pace`): it must end well inside the
-endpoint's deadline, or its last lines come back as 503s to send again.
+endpoint's deadline, or its last lines come back as 429s to send again.
 
 The output holds one answer per input line, in input order, each with its `line`
 (0-based): the line's answer, or its error (`status`, `error`, `field`). Lines answered
-with a retryable 503 are sent again (a few rounds) before their error is kept.
+with a 429 (or a retryable 503) are sent again (a few rounds) before their error is kept.
 
 Nothing is half-written: answers go to `OUT.part` as mini-batches finish (a header naming
 the input's sha256, then one `{"index", "answer"}` per line), and only when every line is
@@ -130,7 +130,7 @@ class Pace:
     TARGET_REQUEST_S at the pace of the requests so far (with the same number in flight),
     FIRST_REQUEST_LINES before any was timed. A request must end well inside the endpoint's
     deadline (SEMIF_REQUEST_TIMEOUT_S, 50 s by default; SageMaker's 60 s), or its last
-    lines come back as 503s to send again; a small first request measures the pace."""
+    lines come back as 429s to send again; a small first request measures the pace."""
 
     def __init__(self, max_lines: int) -> None:
         self.max_lines = max_lines
@@ -201,7 +201,7 @@ def _json_or_none(raw: str) -> Any:
 
 
 def _retryable(answer: dict[str, Any]) -> bool:
-    return answer.get("status") == 503 and answer.get("retryable") is True
+    return answer.get("status") in (429, 503) and answer.get("retryable") is True
 
 
 def _read_lines(source: Path) -> tuple[list[str], str]:
@@ -268,7 +268,7 @@ def run_local(
 
 
 def _open(answer: dict[str, Any] | None) -> bool:
-    """Whether a line still needs sending: never answered, or answered with a retryable 503
+    """Whether a line still needs sending: never answered, or answered with a 429 or a retryable 503
     (kept only by a last round, and tried again by the next run)."""
     return answer is None or _retryable(answer)
 

@@ -8,7 +8,7 @@ room taken, is refused again, and may never be served while others are served ev
 Retry times alone cannot fix it (a measured simulation: kept time slots without identity are
 stolen by answered clients, and told times spread over a horizon let the answered grab what
 opens). So each refusal hands out a place in a line: a due time and a token that the client
-sends back with its retry (`retry_token` in the 503's body; the HTTP layer reads it from a
+sends back with its retry (`retry_token` in the 429's body; the HTTP layer reads it from a
 header). When a place falls due its holder enters ahead of newcomers; a newcomer (a request
 without a token, or with one the line has forgotten) enters only when its work still leaves
 every place's holder the room it was promised.

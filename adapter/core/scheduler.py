@@ -12,8 +12,8 @@ stays resident, and it never holds every later pass); without reuse its later pa
 its own, since a newcomer would empty the cache it reads from.
 
 Overload is refused at arrival: once a pass has measured the speed, a request that finds
-more work queued ahead than it may wait (SEMIF_QUEUE_TIMEOUT_S) gets a retryable 503 at
-once instead of a 503 after the wait. A full queue (SEMIF_MAX_QUEUE) and a request still
+more work queued ahead than it may wait (SEMIF_QUEUE_TIMEOUT_S) gets a 429 (come back
+later) at once instead of after the wait. A full queue (SEMIF_MAX_QUEUE) and a request still
 waiting after SEMIF_QUEUE_TIMEOUT_S get theirs too. Every refusal is a place in a line
 (adapter.core.retry_line): a Retry-After of its own, a request's worth of work after the
 last place, and a token the client sends back with its retry. The refused come back about
@@ -51,7 +51,8 @@ from adapter.core.retry_line import Refusal, RetryLine
 from adapter.errors import (
     MAX_RETRY_AFTER_S,
     ApiError,
-    UnavailableCause,
+    BusyCause,
+    BusyError,
     UnavailableError,
     shutting_down,
 )
@@ -207,7 +208,7 @@ class Scheduler:
         retry_token: str | None = None,
     ) -> _Job:
         """Queue a scoring request (already validated); a full queue or more work ahead than
-        it may wait is a retryable 503. `cost` is the request's price if the caller already
+        it may wait is a 429. `cost` is the request's price if the caller already
         asked the layout for it (the service does, for the request budget); `boundaries`
         per prompt, where the engine may keep checkpoints, and `scored` per prompt, how
         many of its last tokens are scored (LlamaEngine.score); `retry_token` the place in
@@ -509,7 +510,7 @@ class Scheduler:
     def _cannot_finish(job: _Job, now: float) -> Exception | None:
         """Why a request part-way through cannot end by its deadline, judged by the speed
         of its own passes so far (its share of each): a TooSlowError when its passes
-        alone outlast the time a request may take (a retry cannot help), the deadline's 503
+        alone outlast the time a request may take (a retry cannot help), the deadline's 429
         when they only outlast what is left of it; None while it can still make it. The
         estimate at admission (Scheduler.seconds_for) reads other requests' passes; this
         reads its own, after one pass, before the worker spends more on it."""
@@ -519,11 +520,10 @@ class Scheduler:
         if job.own_seconds + left > allowed:
             return TooSlowError(job.own_seconds + left, allowed)
         if now + left > job.deadline:
-            return UnavailableError(
+            return BusyError(
                 f"the request cannot end by its deadline (SEMIF_REQUEST_TIMEOUT_S): after "
                 f"{job.passes} passes the rest needs about {left:.0f} s at their speed, and "
                 f"{max(job.deadline - now, 0):.0f} s are left",
-                retryable=True,
                 cause="deadline",
             )
         return None
@@ -612,12 +612,8 @@ class Scheduler:
             generation[1].close()
 
 
-def _busy(message: str, refusal: Refusal, cause: UnavailableCause) -> UnavailableError:
-    """The retryable 503 of a refusal: when to come back, and the place's token."""
-    return UnavailableError(
-        message,
-        retryable=True,
-        retry_after=refusal.retry_after,
-        retry_token=refusal.token,
-        cause=cause,
+def _busy(message: str, refusal: Refusal, cause: BusyCause) -> BusyError:
+    """The 429 of a refusal: when to come back, and the place's token."""
+    return BusyError(
+        message, cause=cause, retry_after=refusal.retry_after, retry_token=refusal.token
     )

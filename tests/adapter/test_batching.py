@@ -18,7 +18,7 @@ from adapter.core.generation import Sampling
 from adapter.core.layout import Price, price
 from adapter.core.scheduler import Scheduler
 from adapter.decisions import decide
-from adapter.errors import RequestError, UnavailableError
+from adapter.errors import BusyError, RequestError
 from adapter.runtime import LoadedModel
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
@@ -150,12 +150,12 @@ def test_a_full_queue_is_retryable(tiny: LoadedModel) -> None:
     service = _service(tiny, max_queue=1)
     try:
         chat = _long_chat(service)
-        refused: list[UnavailableError] = []
+        refused: list[BusyError] = []
 
         def ask(index: int) -> None:
             try:
                 decide(service, [_decision(index)], "single")
-            except UnavailableError as error:
+            except BusyError as error:
                 refused.append(error)
 
         for _ in range(50):
@@ -215,12 +215,12 @@ def test_an_overloaded_queue_refuses_before_the_prompt_is_rendered(
         return real_render(*args)
 
     def overloaded(retry_token: str | None, *, claim: bool) -> None:
-        raise UnavailableError("busy", retryable=True, cause="overloaded")
+        raise BusyError("busy", cause="overloaded")
 
     try:
         monkeypatch.setattr(service, "_render", render)
         monkeypatch.setattr(service.scheduler, "_refuse_if_overloaded", overloaded)
-        with pytest.raises(UnavailableError, match="busy"):
+        with pytest.raises(BusyError, match="busy"):
             decide(service, [_decision(0)], "single")
         assert rendered == []
     finally:
@@ -232,7 +232,7 @@ def test_a_request_that_cannot_finish_in_time_is_refused_at_once(
 ) -> None:
     """Once passes have measured the speed, a request whose own passes would outlast
     SEMIF_REQUEST_TIMEOUT_S gets a 400 (no retry can help) before it queues, instead of a
-    retryable 503 after holding the worker."""
+    429 after holding the worker."""
     service = _service(tiny)
     try:
         decide(service, [_decision(0)], "single")  # a pass measures the speed
@@ -250,7 +250,7 @@ def test_a_request_found_too_slow_after_its_first_pass_gets_a_400_there(
 ) -> None:
     """The admission estimate reads other requests' passes and can be low; a request's own
     first pass then says it cannot end within SEMIF_REQUEST_TIMEOUT_S, and it ends there
-    with the 400 naming its field, not after decoding to its deadline for a retryable 503."""
+    with the 400 naming its field, not after decoding to its deadline for a 429."""
     service = _service(tiny, request_timeout_seconds=2)
     real_score = tiny.engine.score
     passes: list[int] = []

@@ -1,6 +1,7 @@
 """A request's cancellation is an argument (adapter.cancel), and how a request stopped is
 answered and logged as what it was: a client that left is a 499 without a traceback, a
-passed deadline and a queue timeout are retryable 503s, each named in the log line."""
+passed deadline and a queue timeout are 429s (load: come back later), each named in the log
+line."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from adapter.app import create_app
 from adapter.cancel import Cancellation
 from adapter.core.generation import GenerationRun
 from adapter.core.scheduler import Scheduler
-from adapter.errors import ClientDisconnectedError, UnavailableError
+from adapter.errors import BusyError, ClientDisconnectedError
 from adapter.settings import QueueLimits, Settings
 from tests.support.fake_engine import FakeEngine
 from tests.support.live_server import live_server, post_in_background, runtime_of
@@ -85,11 +86,11 @@ def test_each_way_of_stopping_ends_queued_work_as_itself() -> None:
         first.future.result(10)
         with pytest.raises(ClientDisconnectedError):
             left.future.result(10)
-        with pytest.raises(UnavailableError) as deadline:
+        with pytest.raises(BusyError) as deadline:
             expired.future.result(10)
         assert deadline.value.cause == "deadline"
         assert deadline.value.retryable
-        with pytest.raises(UnavailableError) as timeout:
+        with pytest.raises(BusyError) as timeout:
             queued.future.result(10)
         assert timeout.value.cause == "queue_timeout"
         assert timeout.value.retryable
@@ -105,7 +106,7 @@ def test_the_first_reason_wins() -> None:
     cancel.set("deadline")
     cancel.set("client_gone")
     assert cancel.reason == "deadline"
-    assert isinstance(cancel.error(), UnavailableError)
+    assert isinstance(cancel.error(), BusyError)
 
 
 # -- through the HTTP layer: what the log line says --------------------------------------------
@@ -201,8 +202,9 @@ def test_a_passed_deadline_and_a_queue_timeout_are_logged_as_such(
         assert started.wait(10)
         second = httpx.post(f"{url}/invocations", json={"decision": decision("second")}, timeout=30)
         first.join(30)
-    assert second.status_code == 503
+    assert second.status_code == 429
     assert second.json()["retryable"] is True
     by_status = {line["status"]: line for line in _request_lines(caplog)}
-    assert by_status[503]["unavailable"] == cause
-    assert "client_gone" not in by_status[503]
+    assert by_status[429]["refused"] == cause
+    assert "unavailable" not in by_status[429]
+    assert "client_gone" not in by_status[429]

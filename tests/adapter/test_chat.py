@@ -126,7 +126,7 @@ def test_prompt_over_the_token_limit_is_400(tiny_model_dir: Path) -> None:
 
 def test_chat_takes_a_queue_place(tiny_model_dir: Path) -> None:
     """A chat waits in the same bounded queue as scoring: with SEMIF_MAX_QUEUE=1 held full
-    by a scoring request in its pass, a chat is refused with a retryable 503."""
+    by a scoring request in its pass, a chat is refused with a 429."""
     settings = Settings(
         model_dir=tiny_model_dir, max_tokens=1024, max_chat_tokens=32, threads=1, max_queue=1
     )
@@ -154,7 +154,7 @@ def test_chat_takes_a_queue_place(tiny_model_dir: Path) -> None:
             gate.set()
             worker.join(10)
         after = chat(served, max_tokens=4)
-    assert busy.status_code == 503
+    assert busy.status_code == 429
     assert busy.json()["retryable"] is True
     assert "SEMIF_MAX_QUEUE=1" in busy.json()["error"]
     assert busy.headers["retry-after"] == str(busy.json()["retry_after_seconds"])

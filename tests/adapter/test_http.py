@@ -217,9 +217,9 @@ def _gate_scoring(runtime: Runtime, gate: threading.Event) -> threading.Event:
     return entered
 
 
-def test_a_full_queue_is_503_retryable_with_retry_after(tiny_model_dir: Path) -> None:
+def test_a_full_queue_is_429_retryable_with_retry_after(tiny_model_dir: Path) -> None:
     """With SEMIF_MAX_QUEUE=1 and one request held in its pass, the queue is full: the next
-    request is refused at once with a retryable 503 whose hint is in the header and body,
+    request is refused at once with a 429 (load, not failure) whose hint is in the header and body,
     with a place in the retry line that its retry keeps by sending the token back (in the
     header SageMaker forwards CustomAttributes as, beside other attributes)."""
     settings = Settings(model_dir=tiny_model_dir, max_tokens=1024, threads=2, max_queue=1)
@@ -245,7 +245,7 @@ def test_a_full_queue_is_503_retryable_with_retry_after(tiny_model_dir: Path) ->
             gate.set()
             worker.join(10)
         after = post(client, {"decision": decision()})  # the queue drained: admitted again
-    assert busy.status_code == 503
+    assert busy.status_code == 429
     body = busy.json()
     assert body["retryable"] is True
     assert "SEMIF_MAX_QUEUE=1" in body["error"]
@@ -254,7 +254,7 @@ def test_a_full_queue_is_503_retryable_with_retry_after(tiny_model_dir: Path) ->
     assert 1 <= body["retry_after_seconds"] <= 30
     assert busy.headers["retry-after"] == str(body["retry_after_seconds"])
     assert re.fullmatch(r"[A-Za-z0-9_-]{16}", token)
-    assert again.status_code == 503
+    assert again.status_code == 429
     assert again.json()["retry_token"] == token  # the same place, not a new one behind it
     assert ping.status_code == 200
     assert first["response"].status_code == 200
@@ -312,7 +312,7 @@ def test_invalid_request_never_enters_the_queue(tiny_model_dir: Path) -> None:
 
 
 def test_unexpected_error_is_500_with_request_id(tiny_model_dir: Path) -> None:
-    # A short request deadline: a worker that never answers shows as a 503 in 5 s, not 50.
+    # A short request deadline: a worker that never answers shows as a 429 in 5 s, not 50.
     settings = Settings(
         model_dir=tiny_model_dir,
         max_tokens=1024,

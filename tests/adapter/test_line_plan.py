@@ -88,3 +88,57 @@ def test_singles_about_one_state_merge_across_the_body() -> None:
 def test_chat_lines_are_refused_by_name() -> None:
     result = plan([{"messages": []}], 64)
     assert result.errors[0].body()["field"] == "messages"
+
+
+def _first_fit(lines: list[Any], max_shared: int) -> list[tuple[int, ...]]:
+    """The placement rule written plainly (quadratic): each single decision into the first
+    group of its state and policy with room and without its id."""
+    groups: list[tuple[tuple[Any, ...], list[int], set[str]]] = []
+    for index, line in enumerate(lines):
+        request = line["decision"]
+        key = (repr(request["state"]), line.get("min_confidence"))
+        for group_key, members, ids in groups:
+            if group_key == key and len(members) < max_shared and request["id"] not in ids:
+                members.append(index)
+                ids.add(request["id"])
+                break
+        else:
+            groups.append((key, [index], {request["id"]}))
+    return sorted(tuple(members) for _, members, _ in groups)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_placement_is_first_fit(seed: int) -> None:
+    rng = random.Random(seed)
+    lines: list[Any] = []
+    for _ in range(rng.randint(1, 200)):
+        body: dict[str, Any] = {
+            "decision": decision(f"id{rng.randint(0, rng.choice([1, 3, 20]))}", rng.choice(STATES))
+        }
+        if rng.random() < 0.2:
+            body["min_confidence"] = 0.5
+        lines.append(body)
+    max_shared = rng.choice([1, 2, 3, 5, 64])
+    planned = sorted(group.lines for group in plan(lines, max_shared).groups)
+    assert planned == _first_fit(lines, max_shared)
+
+
+def test_identical_lines_each_get_a_group_of_their_own() -> None:
+    """20,000 copies of one decision (one id) cannot share a batch: 20,000 groups, planned
+    without scanning every earlier group per line (the old planner took 31.9 s here)."""
+    lines = [{"decision": decision("same", "s")}] * 20_000
+    result = plan(lines, 64)
+    assert [group.lines for group in result.groups] == [(index,) for index in range(20_000)]
+
+
+def test_a_merged_group_splits_into_halves_in_line_order() -> None:
+    lines = [{"decision": decision(f"d{index}", "s")} for index in range(5)]
+    (group,) = plan(lines, 64).groups
+    first, second = group.halves()
+    assert (first.lines, first.merged) == ((0, 1), True)
+    assert (second.lines, second.merged) == ((2, 3, 4), True)
+    assert [d.id for d in second.request.decisions] == ["d2", "d3", "d4"]  # type: ignore[union-attr]
+    single, other = first.halves()
+    assert other.lines == (1,)
+    assert (single.lines, single.merged) == ((0,), False)
+    assert single.request.mode == "single"  # type: ignore[union-attr]

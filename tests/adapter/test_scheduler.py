@@ -12,8 +12,8 @@ runs to the end. The invariants, one test each:
    than its limits (a prompt alone may exceed the rows: it must run somewhere).
 4. Arrival order: requests start in the order they arrived.
 5. A request is never decoded after its client left, its queue timeout or its deadline,
-   and ends in the error that names which (499; 503 queue_timeout; 503 deadline). One whose
-   own passes cannot end in time is stopped after a pass, not decoded to the end: a 503
+   and ends in the error that names which (499; 429 queue_timeout; 429 deadline). One whose
+   own passes cannot end in time is stopped after a pass, not decoded to the end: a 429
    deadline when only the time left is too short, TooSlowError (a 400) when the time a
    request may take is.
 6. Without prefix reuse, a pass that continues a request holds no other request.
@@ -38,7 +38,7 @@ from adapter.core.failures import TooSlowError
 from adapter.core.generation import Sampling
 from adapter.core.layout import MIN_ROWS, common_prefix_length
 from adapter.core.scheduler import Scheduler
-from adapter.errors import MAX_RETRY_AFTER_S, ClientDisconnectedError, UnavailableError
+from adapter.errors import MAX_RETRY_AFTER_S, BusyError, ClientDisconnectedError
 from adapter.settings import QueueLimits
 from tests.support.fake_engine import FakeClock, FakeEngine, Pass, identity
 
@@ -237,7 +237,7 @@ def test_5_stopped_requests_are_never_decoded_after_and_end_as_themselves(
                 assert error.allowed_seconds == request.deadline - request.submitted
                 seen.add("too_slow")
                 continue
-            assert isinstance(error, UnavailableError), (scenario.seed, error)
+            assert isinstance(error, BusyError), (scenario.seed, error)
             assert error.retryable
             seen.add(str(error.cause))
             if error.cause == "queue_timeout":
@@ -344,7 +344,7 @@ def test_8_a_long_request_never_holds_a_queued_one_past_its_deadline(
         assert outcome is None
         assert 1 in requests_of(engine.passes[1])  # the pass right after the long one's first
     else:
-        assert isinstance(outcome, UnavailableError)
+        assert isinstance(outcome, BusyError)
         assert outcome.cause == "deadline"
 
 
@@ -366,7 +366,7 @@ def test_9_overload_is_refused_at_arrival_not_after_the_wait(
                     [_prompt(index, 100)], [()], clock.monotonic() + 1000, Cancellation()
                 )
             )
-        with pytest.raises(UnavailableError) as refused:  # 6 s ahead > 5 s
+        with pytest.raises(BusyError) as refused:  # 6 s ahead > 5 s
             scheduler.submit([_prompt(7, 100)], [()], clock.monotonic() + 1000, Cancellation())
         assert refused.value.cause == "overloaded"
         assert refused.value.retryable
@@ -376,7 +376,7 @@ def test_9_overload_is_refused_at_arrival_not_after_the_wait(
         # back, up to the longest Retry-After: not all the same second.
         told = [refused.value.retry_after]
         for index in range(8, 48):
-            with pytest.raises(UnavailableError) as again:
+            with pytest.raises(BusyError) as again:
                 scheduler.submit(
                     [_prompt(index, 100)], [()], clock.monotonic() + 1000, Cancellation()
                 )
@@ -404,13 +404,13 @@ def test_9b_a_refused_client_back_with_its_token_enters_ahead_of_a_newcomer(
             scheduler.submit([_prompt(i, 100)], [()], clock.monotonic() + 1000, Cancellation())
             for i in range(1, 7)
         ]
-        with pytest.raises(UnavailableError) as refused:
+        with pytest.raises(BusyError) as refused:
             scheduler.submit([_prompt(7, 100)], [()], clock.monotonic() + 1000, Cancellation())
         token = refused.value.extra["retry_token"]
         assert refused.value.retry_after == 1
         clock.advance(1.0)  # its place is due; the passes ran faster meanwhile:
         monkeypatch.setattr(scheduler, "_row_seconds", 0.008)  # 600 rows ahead = 4.8 s
-        with pytest.raises(UnavailableError) as newcomer:
+        with pytest.raises(BusyError) as newcomer:
             scheduler.check_room()
         assert "clients refused earlier are due first" in str(newcomer.value)
         assert newcomer.value.extra["retry_token"] != token
@@ -424,7 +424,7 @@ def test_9b_a_refused_client_back_with_its_token_enters_ahead_of_a_newcomer(
                 retry_token=token,
             )
         )
-        with pytest.raises(UnavailableError) as claimed:  # ... the entry gives it up
+        with pytest.raises(BusyError) as claimed:  # ... the entry gives it up
             scheduler.check_room(token)
         assert claimed.value.extra["retry_token"] != token
         engine.release.set()
@@ -494,7 +494,7 @@ def test_10_a_newcomer_behind_a_long_request_waits_for_its_next_pass_only(
             job.future.result(10)
             assert 2 in requests_of(engine.passes[2])  # right after the long one's first pass
         else:
-            with pytest.raises(UnavailableError) as refused:
+            with pytest.raises(BusyError) as refused:
                 small()
             assert refused.value.cause == "overloaded"
         engine.release.set()
@@ -509,8 +509,8 @@ def test_11_a_request_that_cannot_end_in_time_is_stopped_after_its_first_pass(
 ) -> None:
     """Twelve 1 s passes of work and a 5 s deadline: after its first pass the request's own
     speed says it needs 12 s, so it ends there with TooSlowError (the service's 400),
-    instead of four more passes and a retryable 503. Four passes behind a 2 s wait (without
-    prefix reuse the request ahead keeps its two passes) end as the deadline's 503 after
+    instead of four more passes and a 429. Four passes behind a 2 s wait (without
+    prefix reuse the request ahead keeps its two passes) end as the deadline's 429 after
     one pass: alone they fit a request's time, not what is left of it."""
     scheduler, engine = _fixed(monkeypatch, prefix_reuse=False)
     clock = engine.clock
@@ -540,7 +540,7 @@ def test_11_a_request_that_cannot_end_in_time_is_stopped_after_its_first_pass(
         engine.release.set()
         ahead.future.result(10)
         missed = late.future.exception(10)
-        assert isinstance(missed, UnavailableError)
+        assert isinstance(missed, BusyError)
         assert missed.cause == "deadline"
         assert missed.retryable
         assert "cannot end by its deadline" in str(missed)

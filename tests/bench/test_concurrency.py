@@ -6,6 +6,7 @@ import json
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,9 +111,9 @@ def test_a_refused_client_brings_its_place_back_until_it_is_answered() -> None:
     """As a raw HTTP application would: the session's next request carries the refusal's
     retry token; an answer (or a refusal without a token) ends it."""
     script = [
-        httpx.Response(503, headers={"retry-after": "0"}, json={"retry_token": "place-1"}),
+        httpx.Response(429, headers={"retry-after": "0"}, json={"retry_token": "place-1"}),
         httpx.Response(200, json={"timing": {}}),
-        httpx.Response(503, headers={"retry-after": "0"}, json={"error": "busy"}),
+        httpx.Response(429, headers={"retry-after": "0"}, json={"error": "busy"}),
         httpx.Response(200, json={"timing": {}}),
     ]
     brought: list[str | None] = []
@@ -190,8 +191,8 @@ def test_older_servers_without_batch_fields_still_summarize() -> None:
 def test_a_level_says_how_fast_refusals_came_and_how_evenly_clients_were_served() -> None:
     samples = [
         Sample(0.0, 1.0, Reply(200), client=0),
-        Sample(0.0, 0.05, Reply(503), client=1),
-        Sample(0.1, 0.15, Reply(503), client=1),
+        Sample(0.0, 0.05, Reply(429), client=1),
+        Sample(0.1, 0.15, Reply(429), client=1),
         Sample(1.0, 1.0, Reply(200), client=0),
         Sample(0.3, 2.0, Reply(200), client=1),
         Sample(0.0, 5.0, Reply(0, error="timeout"), client=2),  # no answer at all
@@ -200,7 +201,7 @@ def test_a_level_says_how_fast_refusals_came_and_how_evenly_clients_were_served(
     assert level.ok_per_client == (0, 2)  # client 2 got nothing, client 0 two answers
     assert level.clients_answered == 2
     assert level.refusal_seconds is not None
-    assert level.refusal_seconds["max"] == pytest.approx(0.15)  # 503s only, not the timeout
+    assert level.refusal_seconds["max"] == pytest.approx(0.15)  # 429s only, not the timeout
     assert summarize_level(1, [sample(0.0, 1.0)]).refusal_seconds is None
 
 
@@ -324,6 +325,22 @@ def test_closed_loop_against_serve_on_the_tiny_model(tmp_path: Path, tiny_gguf: 
     level = summarize_level(3, samples)
     assert (level.requests, level.non_200) == (6, 0), level.first_error
     assert level.queue_seconds is not None  # every answer says how long it queued
+
+
+def test_a_closed_loop_of_64_clients_over_capacity_answers_no_5xx(
+    tmp_path: Path, tiny_gguf: Path
+) -> None:
+    """The report's overload level (64 closed-loop clients) against a server that cannot
+    hold them (a queue of 8, a 1 s queue timeout): the load is refused with 429s, which
+    SageMaker counts as 4XX, never with a 5XX that the rollback and paging alarms read as
+    failure; every refusal tells the client when to come back."""
+    decisions = concurrent_decisions(256, series=2, events=1)
+    settings = {"SEMIF_MAX_QUEUE": "8", "SEMIF_QUEUE_TIMEOUT_S": "1"}
+    with serve_model(tiny_gguf, log_dir=tmp_path, threads=2, settings=settings) as server:
+        samples = closed_loop(server.base_url, decisions, 64, send_decision, timeout_s=60)
+    statuses = Counter(sample.reply.status for sample in samples)
+    assert set(statuses) == {200, 429}, statuses
+    assert all(s.reply.retry_after is not None for s in samples if s.reply.status == 429)
 
 
 # -- overload as an application sees it (figures 6d and 6e) -------------------------------
