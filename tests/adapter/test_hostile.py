@@ -398,6 +398,30 @@ def test_a_huge_unknown_key_is_cut_in_the_error(tiny_client: TestClient, key: st
     assert field.endswith(f'..." ({len(key)} characters)]')
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"decision": decision(), "option_order": "x" * 500_000}, "option_order"),
+        ({"decision": decision(), "readout": "x" * 500_000}, "readout"),
+        ({"decision": decision(), "normalization": "é " * 100_000}, "normalization"),
+        (
+            {"messages": [{"role": "user", "content": "a"}], "max_tokens": "9" * 500_000},
+            "max_tokens",
+        ),
+    ],
+)
+def test_a_huge_enum_value_is_cut_in_the_error(
+    tiny_client: TestClient, body: dict[str, Any], field: str
+) -> None:
+    """A value outside a field's choices is named by its start and length, as a key is: a
+    500 KB `option_order` is not a 500 KB answer."""
+    answer = post(tiny_client, json.dumps(body))
+    assert answer.status_code == 400
+    assert answer.json()["field"] == field
+    assert len(answer.content) < 2000
+    assert f"({len(str(body[field]))} characters)" in answer.json()["error"]
+
+
 def test_chat_with_too_many_messages_is_refused_before_rendering(tiny_client: TestClient) -> None:
     messages = [{"role": "user", "content": "a"}] * 513
     answer = post(tiny_client, json.dumps({"messages": messages}))
