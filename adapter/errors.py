@@ -104,8 +104,6 @@ class UnauthorizedError(ApiError):
 BusyCause = Literal["queue_full", "overloaded", "queue_timeout", "deadline"]
 UnavailableCause = Literal["loading", "unhealthy", "stopping", "capacity"]
 
-MAX_RETRY_AFTER_S = 30  # the longest Retry-After the adapter sends
-
 
 class RetryLaterError(ApiError):
     """An answer that says when to come back: `retryable` whether a retry after

@@ -21,7 +21,7 @@ The event loop only moves bytes: each chunk's lines are parsed, and the body pla
 worker thread (so /ping answers while a large body is read), and answer lines are written
 in pieces of about WRITE_BYTES, not one send each.
 
-Time: groups go to the scheduler while it wants more work (Scheduler.wants_work: less than a
+Time: groups go to the scheduler while it wants more work (DecisionService.wants_work: less than a
 pass of rows ready behind the one being scored, all callers' work counted, taking less than
 half the queue timeout), so the passes stay full while a large body never fills the queue
 that online callers share with it, nor makes its own groups wait there past their
@@ -266,13 +266,13 @@ class _Body:
     def _room(self, in_flight: int) -> bool:
         """Whether to start another group now: always when none of this body's is under way
         (the scheduler's own admission then decides), else while fewer than a pass takes
-        are and the scheduler wants more work (Scheduler.wants_work)."""
+        are and the scheduler wants more work (DecisionService.wants_work)."""
         if in_flight == 0:
             return True
         service = self.runtime.service
         if in_flight >= self.most_in_flight or service is None:
             return False
-        return service.scheduler.wants_work()
+        return service.wants_work()
 
     async def _until_queued(self, task: asyncio.Task[Any]) -> None:
         """Wait (briefly) until the group just started has reached the scheduler's queue,
@@ -281,11 +281,11 @@ class _Body:
         service = self.runtime.service
         if service is None:
             return
-        before = service.scheduler.backlog_rows()
+        before = service.pressure
         deadline = min(time.monotonic() + QUEUED_WAIT_S, self.deadline)
         while not task.done() and time.monotonic() < deadline:
             await asyncio.sleep(FEED_POLL_S)
-            if service.scheduler.backlog_rows() != before:
+            if service.pressure != before:
                 return
 
     def cancel_all(self) -> None:

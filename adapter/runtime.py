@@ -162,7 +162,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.metrics.watch(
-            queue_depth=lambda: 0 if self.service is None else self.service.scheduler.waiting,
+            queue_depth=lambda: 0 if self.service is None else self.service.queue_depth,
             in_flight=lambda: self.in_flight,
         )
 

@@ -21,8 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from adapter.cancel import Cancellation, deadline_error
+from adapter.core.admission import Pressure
 from adapter.core.engine import BatchTiming, LlamaEngine, PromptScore
-from adapter.core.failures import TooSlowError
+from adapter.core.failures import (
+    CORE_FAILURES,
+    CancelledWorkError,
+    CapacityError,
+    DeadlineMissedError,
+    RefusedError,
+    TooSlowError,
+)
 
 # Chat's request and answer types, re-exported: the chat API (adapter.chat) reaches the
 # core only through this module.
@@ -30,7 +38,7 @@ from adapter.core.generation import Generation as Generation
 from adapter.core.generation import Sampling as Sampling
 from adapter.core.layout import Price, common_prefix_length, distinct_tokens, price
 from adapter.core.scheduler import JobTiming, Scheduler
-from adapter.errors import RequestError, shutting_down
+from adapter.errors import BusyError, RequestError, UnavailableError, shutting_down
 from adapter.labels import LabelError, LabelSet
 from adapter.likelihood import LETTERS, Listing, ReadoutChoice, option_tokens
 from adapter.metrics import Metrics
@@ -148,17 +156,68 @@ class DecisionService:
         self.health.healthy = False
         self.health.error = str(error)
 
-    def _wait(self, future: Future[T], cancel: Cancellation, started: float) -> T:
+    def _wait(self, future: Future[T], cancel: Cancellation, started: float, field: str) -> T:
         """Wait for the worker within the request deadline; past it the request is cancelled
         for its deadline (the worker drops it at the next pass or token)."""
         remaining = self.limits.request_timeout_seconds - (time.monotonic() - started)
         try:
-            return future.result(timeout=max(remaining, 0.0))
+            with self._answering(field):
+                return future.result(timeout=max(remaining, 0.0))
         except FutureTimeoutError:
             cancel.set("deadline")
             raise deadline_error(
                 f"after {self.limits.request_timeout_seconds:g} s, before the work finished"
             ) from None
+
+    @contextmanager
+    def _answering(self, field: str) -> Iterator[None]:
+        """Calls into the core: its failures become what they mean to a caller, here only
+        (`field` names the request's part a 400 is about)."""
+        try:
+            yield
+        except CORE_FAILURES as error:
+            raise self._answer(error, field) from None
+
+    def _answer(self, error: Exception, field: str) -> Exception:
+        """A core failure as an answer: load (refused, or the deadline out of reach at this
+        instance's pace) is a 429 to come back later; a batch the KV cache could not hold
+        and a server stopping are 503s; a request too slow even alone is a 400 naming its
+        field (no retry helps); a native failure stays itself (a 500; the scheduler has
+        already marked the instance unhealthy)."""
+        if isinstance(error, RefusedError):
+            return BusyError(
+                str(error),
+                cause=error.cause,
+                retry_after=error.retry_after,
+                retry_token=error.token,
+            )
+        if isinstance(error, DeadlineMissedError):
+            return BusyError(str(error), cause="deadline")
+        if isinstance(error, CapacityError):
+            return UnavailableError(str(error), retryable=True, cause="capacity")
+        if isinstance(error, CancelledWorkError):
+            return shutting_down()
+        if isinstance(error, TooSlowError):
+            limit = self.limits.request_timeout_seconds
+            return _too_slow(field, error.needed_seconds, limit, "its first passes' speed")
+        return error
+
+    # -- back pressure: the questions a caller with much work to give asks -----------------
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for the worker (any thread)."""
+        return self.scheduler.waiting
+
+    @property
+    def pressure(self) -> Pressure:
+        """The scoring work ready behind the pass being scored (any thread: a snapshot)."""
+        return self.scheduler.pressure
+
+    def wants_work(self) -> bool:
+        """Whether a caller with much work (a JSON Lines body) should add a request now
+        (adapter.core.admission.Admission.wants_work; any thread, the event loop included)."""
+        return self.scheduler.admission.wants_work(self.scheduler.pressure)
 
     def close(self, wait_seconds: float) -> bool:
         """Stop the worker, then free the engine; False (and nothing freed) if a pass still
@@ -266,7 +325,9 @@ class DecisionService:
         option branches share its prompt.
         """
         started = time.monotonic()
-        self.scheduler.check_room(retry_token)  # before the work of rendering and tokenizing
+        field = paths[0].split("[")[0].split(".")[0]
+        with self._answering(field):  # before the work of rendering and tokenizing
+            self.scheduler.check_room(retry_token)
         choices = readouts or [LETTERS] * len(decisions)
         works = [
             self._likelihood_work(decision, path, choice)
@@ -279,24 +340,20 @@ class DecisionService:
         continuations = [entry.continuations for _, entry in entries]
         scored = [entry.scored for _, entry in entries]
         cost = price(sent, continuations, stream_cells=self.engine.stream_cells, scored=scored)
-        field = paths[0].split("[")[0].split(".")[0]
         self._check_budget(cost, field)
         cancel = cancel or Cancellation()
-        job = self.scheduler.submit(
-            sent,
-            continuations,
-            started + self.limits.request_timeout_seconds,
-            cancel,
-            cost=cost,
-            boundaries=[entry.boundaries for _, entry in entries],
-            scored=scored,
-            retry_token=retry_token,
-        )
-        try:
-            parts, timing = self._wait(job.future, cancel, started)
-        except TooSlowError as error:
-            limit = self.limits.request_timeout_seconds
-            raise _too_slow(field, error.needed_seconds, limit, "its first passes' speed") from None
+        with self._answering(field):
+            job = self.scheduler.submit(
+                sent,
+                continuations,
+                started + self.limits.request_timeout_seconds,
+                cancel,
+                cost=cost,
+                boundaries=[entry.boundaries for _, entry in entries],
+                scored=scored,
+                retry_token=retry_token,
+            )
+        parts, timing = self._wait(job.future, cancel, started, field)
         mine: list[list[PromptScore]] = [[] for _ in works]
         for (owner, _), part in zip(entries, parts, strict=True):
             mine[owner].append(part)
@@ -474,15 +531,17 @@ class DecisionService:
         except (TemplateRenderError, ValueError) as error:
             raise RequestError("messages", str(error)) from None
         cancel = cancel or Cancellation()
-        job = self.scheduler.submit_generation(
-            self.tokenize_prompt(prompt, "messages"),
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            stop=stop,
-            deadline=started + self.limits.request_timeout_seconds,
-            cancel=cancel,
-        )
-        return self._wait(job.future, cancel, started)
+        tokens = self.tokenize_prompt(prompt, "messages")
+        with self._answering("messages"):
+            job = self.scheduler.submit_generation(
+                tokens,
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                stop=stop,
+                deadline=started + self.limits.request_timeout_seconds,
+                cancel=cancel,
+            )
+        return self._wait(job.future, cancel, started, "messages")
 
 
 def _too_slow(path: str, needed: float, allowed: float, speed: str) -> RequestError:

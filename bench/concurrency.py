@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from adapter.errors import MAX_RETRY_AFTER_S
+from adapter.core.admission import MAX_RETRY_AFTER_S
 from adapter.prompts import answer_labels
 from adapter.schema import Decision
 from adapter.settings import Settings

@@ -159,20 +159,19 @@ def measure_offline(
 def _feed(service: DecisionService, groups: list[list[Decision]], most: int) -> None:
     """Each group as one shared-state request, started while fewer than `most` are under
     way and the scheduler wants more work (as a JSON Lines body starts its groups)."""
-    scheduler = service.scheduler
     with ThreadPoolExecutor(max_workers=most) as pool:
         running: set[Future[dict[str, Any]]] = set()
         for group in groups:
-            while running and (len(running) >= most or not scheduler.wants_work()):
+            while running and (len(running) >= most or not service.wants_work()):
                 done, running = wait(running, timeout=FEED_POLL_S, return_when=FIRST_COMPLETED)
                 for future in done:
                     future.result()
-            before = scheduler.backlog_rows()
+            before = service.pressure
             started = pool.submit(_decide_in_turn, service, group)
             running.add(started)
             # Until it is queued (it renders first) the backlog does not count it.
             waited = time.monotonic() + QUEUED_WAIT_S
-            while not started.done() and scheduler.backlog_rows() == before:
+            while not started.done() and service.pressure == before:
                 if time.monotonic() > waited:
                     break
                 time.sleep(FEED_POLL_S)

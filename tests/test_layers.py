@@ -60,15 +60,19 @@ PURE_EDGES = {
 # probes score on it before any worker exists. The benchmarks and the GPU check measure the
 # core directly on purpose.
 CORE_DOORS = {"adapter.service", "adapter.runtime", "adapter.labels"}
-# What the core may use of the rest of the adapter: the error answers and cancellation it
-# raises, the queue limits it enforces, the weight-buffer and KV-memory policies it applies.
+# What the core may use of the rest of the adapter: a request's cancellation (its own
+# answers), the queue limits it enforces, the weight-buffer and KV-memory policies it
+# applies. Not the error answers: the core raises its own failures (adapter.core.failures),
+# and the service says what each means to a caller.
 CORE_USES = {
-    "adapter.errors",
     "adapter.cancel",
     "adapter.settings",
     "adapter.weight_buffers",
     "adapter.kv_memory",
 }
+# The one door by attribute as well as by import: only the service, which owns the
+# scheduler, reaches `.scheduler` (the benchmarks and the GPU check measure it directly).
+SCHEDULER_OWNER = "adapter.service"
 # Within the core, who may import whom (beyond failures, which anyone may): one owner per
 # piece of state, and nothing below the scheduler knows the queue.
 CORE_EDGES: dict[str, set[str]] = {
@@ -76,6 +80,7 @@ CORE_EDGES: dict[str, set[str]] = {
     "layout": set(),
     "vocab": set(),
     "retry_line": set(),
+    "admission": {"adapter.core.layout", "adapter.core.retry_line"},
     "native": {"adapter.weight_buffers", "adapter.kv_memory"},
     "generation": {"adapter.core.layout"},
     "engine": {
@@ -87,12 +92,11 @@ CORE_EDGES: dict[str, set[str]] = {
         "adapter.kv_memory",
     },
     "scheduler": {
+        "adapter.core.admission",
         "adapter.core.engine",
         "adapter.core.generation",
         "adapter.core.layout",
-        "adapter.core.retry_line",
         "adapter.cancel",
-        "adapter.errors",
         "adapter.settings",
     },
 }
@@ -141,6 +145,10 @@ def _check_core_boundary(path: Path, imported: set[str]) -> None:
     core = {name for name in imported if name.startswith("adapter.core")}
     if not module.startswith("adapter.core"):
         assert not core or module in CORE_DOORS, f"{module} reaches into the core: {core}"
+        reaches = _attribute_lines(path, "scheduler")
+        assert module == SCHEDULER_OWNER or not reaches, (
+            f"{module} reaches the scheduler by attribute (lines {reaches}); ask the service"
+        )
         return
     if path.stem == "__init__":
         assert not imported - {"__future__"}, "the core package imports nothing on import"
@@ -148,6 +156,23 @@ def _check_core_boundary(path: Path, imported: set[str]) -> None:
     ours = {name for name in imported if name.startswith("adapter.")}
     allowed = CORE_EDGES[path.stem] | {"adapter.core.failures"}
     assert ours <= allowed, f"{module} imports {sorted(ours - allowed)}"
+
+
+def _attribute_lines(path: Path, name: str) -> list[int]:
+    """Lines where `path` reads an attribute called `name` (`x.scheduler`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == name
+    ]
+
+
+def test_the_attribute_check_sees_a_reach_into_the_scheduler(tmp_path: Path) -> None:
+    """The check above can fail: a module that calls `service.scheduler.wants_work()`."""
+    reaching = tmp_path / "reaching.py"
+    reaching.write_text("def f(service):\n    return service.scheduler.wants_work()\n")
+    assert _attribute_lines(reaching, "scheduler") == [2]
 
 
 def test_every_core_module_has_its_edges_stated() -> None:

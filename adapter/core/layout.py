@@ -51,11 +51,57 @@ Prompt = tuple[Sequence[int], Sequence[int]]  # tokens and the continuation toke
 @dataclass(frozen=True)
 class PromptCost:
     """What one prompt of a request adds to a pass: KV rows decoded, streams held, and
-    whole-stream copies made (its stem's or prefix's copy, one per continuation)."""
+    whole-stream copies made (its stem's or prefix's copy, one per continuation), and the
+    cells its rows attend to (each row the positions before it): a row deep in a long
+    prompt costs more than one near its start (the speed model reads both,
+    adapter.core.admission)."""
 
     rows: int
     sequences: int
     copies: int
+    cells: int = 0
+
+
+@dataclass(frozen=True)
+class Work:
+    """Rows and attended cells: what a pass, a request or part of one decodes."""
+
+    rows: int = 0
+    cells: int = 0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.rows + other.rows, self.cells + other.cells)
+
+    def __sub__(self, other: Work) -> Work:
+        return Work(self.rows - other.rows, self.cells - other.cells)
+
+
+def fitting(
+    costs: Sequence[PromptCost],
+    start: int,
+    *,
+    rows: int,
+    sequences: int,
+    pass_rows: int,
+    max_sequences: int,
+) -> int:
+    """The packing rule, the one the scheduler packs passes by and a price counts passes
+    by: how far prompts from `start` on fit a pass that already holds `rows` rows and
+    `sequences` sequences (the index after the last that fits). A repeat (no sequences of
+    its own) rides with the prompt it repeats; the first prompt of an empty pass always
+    fits (it must run somewhere, however large)."""
+    end = start
+    while end < len(costs):
+        cost = costs[end]
+        fits = cost.sequences == 0 or (
+            rows + cost.rows <= pass_rows and sequences + cost.sequences <= max_sequences
+        )
+        if not fits and (rows or sequences):
+            break
+        rows += cost.rows
+        sequences += cost.sequences
+        end += 1
+    return end
 
 
 @dataclass(frozen=True)
@@ -65,36 +111,33 @@ class Price:
     prompts: tuple[PromptCost, ...]
     copy_rows: int  # rows one whole-stream copy is charged as
 
-    def charge(self, start: int = 0) -> int:
-        """Its prompts' rows from `start` on, copies charged as rows: the work it queues
-        ahead of later requests, and (from 0) what SEMIF_MAX_REQUEST_TOKENS is charged, so
-        a request of many prompts pays for every pass and copy it needs."""
-        return sum(cost.rows + cost.copies * self.copy_rows for cost in self.prompts[start:])
+    def charge(self, start: int = 0, end: int | None = None) -> int:
+        """Its prompts' rows from `start` on (to `end`), copies charged as rows: the work it
+        queues ahead of later requests, and (from 0) what SEMIF_MAX_REQUEST_TOKENS is
+        charged, so a request of many prompts pays for every pass and copy it needs."""
+        return sum(cost.rows + cost.copies * self.copy_rows for cost in self.prompts[start:end])
 
-    def passes(self, pass_rows: int, max_sequences: int) -> int:
-        """Passes it needs alone (the scheduler packs others alongside, never fewer)."""
-        return len(self._pass_starts(0, pass_rows, max_sequences))
+    def work(self, start: int = 0, end: int | None = None) -> Work:
+        """The charged rows (as `charge`) and the attended cells of prompts `start:end`."""
+        cells = sum(cost.cells for cost in self.prompts[start:end])
+        return Work(self.charge(start, end), cells)
 
-    def next_pass(self, start: int, pass_rows: int, max_sequences: int) -> int:
-        """The charge of its next pass alone, from prompt `start` on: what a request queued
-        behind it waits for when requests take turns pass by pass."""
-        starts = self._pass_starts(start, pass_rows, max_sequences)
-        end = starts[1] if len(starts) > 1 else len(self.prompts)
-        return self.charge(start) - self.charge(end)
-
-    def _pass_starts(self, start: int, pass_rows: int, max_sequences: int) -> list[int]:
-        """Where each pass of its own begins, packing its prompts in order from `start`."""
-        starts, rows, sequences = [start], 0, 0
-        for index in range(start, len(self.prompts)):
-            cost = self.prompts[index]
-            if (rows or sequences) and (
-                rows + cost.rows > pass_rows or sequences + cost.sequences > max_sequences
-            ):
-                starts.append(index)
-                rows, sequences = 0, 0
-            rows += cost.rows
-            sequences += cost.sequences
-        return starts
+    def passes(self, pass_rows: int, max_sequences: int, start: int = 0) -> list[Work]:
+        """The work of each pass it needs alone from prompt `start` on, packed by the
+        scheduler's rule (`fitting`): the scheduler packs others alongside, never fewer."""
+        passes = []
+        while start < len(self.prompts):
+            end = fitting(
+                self.prompts,
+                start,
+                rows=0,
+                sequences=0,
+                pass_rows=pass_rows,
+                max_sequences=max_sequences,
+            )
+            passes.append(self.work(start, end))
+            start = end
+        return passes
 
 
 def price(
@@ -127,6 +170,7 @@ def price(
         if index > 0 and _repeats(prompts, continuations, index):
             costs.append(PromptCost(rows=0, sequences=0, copies=0))
             continue
+        length = len(prompt)
         before = _shared(prompts, index, index - 1)
         if index < len(scored) and scored[index]:
             before = min(before, max(len(prompt) - scored[index] - 1, 0))
@@ -137,16 +181,25 @@ def price(
         later = next((i for i in range(index + 1, len(prompts)) if prompts[i] != prompt), -1)
         stem = max(_shared(prompts, index, earlier), _shared(prompts, index, later))
         tail = len(prompt) - min(stem or len(prompt), len(prompt) - MIN_ROWS)
-        joined = len(prompt) - before + MIN_ROWS + (tail + 1) * extra
-        alone = len(prompt) + MIN_ROWS + (MIN_ROWS + 1) * extra
+        joined = Work(
+            length - before + MIN_ROWS + (tail + 1) * extra,
+            _attended(before - MIN_ROWS, length) + extra * _attended(length - tail, length + 1),
+        )
+        alone = Work(
+            length + MIN_ROWS + (MIN_ROWS + 1) * extra,
+            _attended(0, length) + extra * _attended(length - MIN_ROWS, length + 1),
+        )
+        work = alone if extra and alone.rows < joined.rows else joined
         costs.append(
-            PromptCost(
-                rows=min(joined, alone) if extra else joined,
-                sequences=1 + extra,
-                copies=1 + extra,
-            )
+            PromptCost(rows=work.rows, sequences=1 + extra, copies=1 + extra, cells=work.cells)
         )
     return Price(tuple(costs), copy_rows=-(-stream_cells // COPY_CELLS_PER_ROW))
+
+
+def _attended(first: int, end: int) -> int:
+    """The cells rows at positions `first..end-1` attend to (a row at position p: p + 1)."""
+    first = max(first, 0)
+    return (end * (end + 1) - first * (first + 1)) // 2 if end > first else 0
 
 
 def _shared(prompts: Sequence[Sequence[int]], index: int, other: int) -> int:

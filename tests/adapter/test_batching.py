@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from adapter.cancel import Cancellation
+from adapter.core.failures import RefusedError
 from adapter.core.generation import Sampling
 from adapter.core.layout import Price, price
 from adapter.core.scheduler import Scheduler
@@ -214,15 +215,19 @@ def test_an_overloaded_queue_refuses_before_the_prompt_is_rendered(
         rendered.append(1)
         return real_render(*args)
 
-    def overloaded(retry_token: str | None, *, claim: bool) -> None:
-        raise BusyError("busy", cause="overloaded")
+    def overloaded(*args: Any, **kwargs: Any) -> None:
+        raise RefusedError("busy: overloaded", "overloaded", 3, "place")
 
     try:
         monkeypatch.setattr(service, "_render", render)
-        monkeypatch.setattr(service.scheduler, "_refuse_if_overloaded", overloaded)
-        with pytest.raises(BusyError, match="busy"):
+        monkeypatch.setattr(service.scheduler.admission, "admit", overloaded)
+        with pytest.raises(BusyError, match="busy") as refused:
             decide(service, [_decision(0)], "single")
         assert rendered == []
+        # the core's refusal, as the service answers it: a 429 with its place
+        assert (refused.value.status, refused.value.cause) == (429, "overloaded")
+        assert refused.value.headers() == {"retry-after": "3"}
+        assert refused.value.extra["retry_token"] == "place"
     finally:
         service.close(10)
 
@@ -237,7 +242,8 @@ def test_a_request_that_cannot_finish_in_time_is_refused_at_once(
     try:
         decide(service, [_decision(0)], "single")  # a pass measures the speed
         assert service.scheduler.seconds_for(service_price(service, 1)) is not None
-        monkeypatch.setattr(service.scheduler, "_row_seconds", 1.0)  # as if very slow
+        # as if very slow: a second a row
+        monkeypatch.setattr(service.scheduler.admission.speed, "coefficients", (0.0, 1.0, 0.0))
         with pytest.raises(RequestError, match=r"needs about \d+ s.*SEMIF_REQUEST_TIMEOUT_S"):
             decide(service, [_decision(i) for i in range(4)], "shared")
         assert service.scheduler.waiting == 0
@@ -263,7 +269,8 @@ def test_a_request_found_too_slow_after_its_first_pass_gets_a_400_there(
     try:
         monkeypatch.setattr(tiny.engine, "score", slow_score)
         count = 32
-        own = service_price(service, count).passes(tiny.engine.pass_rows, tiny.engine.max_branches)
+        engine = tiny.engine
+        own = len(service_price(service, count).passes(engine.pass_rows, engine.max_branches))
         assert own >= 5  # 2.5 s or more of sleeping alone
         with pytest.raises(RequestError, match=r"needs about \d+ s of scoring at its first") as e:
             decide(service, [_decision(i) for i in range(count)], "shared")

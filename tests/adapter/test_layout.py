@@ -14,6 +14,7 @@ from adapter.core.layout import (
     UBATCH_ROWS,
     PassPlan,
     StreamCache,
+    Work,
     price,
 )
 
@@ -290,6 +291,11 @@ def test_price_bounds_what_a_request_alone_decodes_in_one_pass(seed: int) -> Non
     bound = sum(c.rows for c in cost.prompts) + len(TEMPLATE) * states
     assert len(plan.rows) <= 1.25 * bound, seed
     assert sum(c.sequences for c in cost.prompts) >= sum(1 + len(e) for e in distinct.values())
+    # The cells its rows attend to (the speed model's second term, fitted, so only its shape
+    # matters): within half over, a row at position p attending to p + 1 cells.
+    attended = sum(row.position + 1 for row in plan.rows)
+    template = len(TEMPLATE) * (len(TEMPLATE) + 1) // 2 * states
+    assert attended <= 1.5 * (cost.work().cells + template), seed
 
 
 def test_a_pass_cuts_its_stems_where_they_save_the_most() -> None:
@@ -329,13 +335,15 @@ def test_price_charges_copies_by_stream_size_and_repeats_nothing() -> None:
 def test_price_counts_the_passes_a_request_needs_alone() -> None:
     prompts = [_prompt(state, 100, 400) for state in range(1, 6)]  # ~462 rows each
     cost = price(prompts, [[] for _ in prompts], stream_cells=512)
-    assert cost.passes(1024, 31) == 3  # two per pass
-    assert cost.passes(1024, 1) == 5  # one stream per pass
-    assert cost.next_pass(0, 1024, 31) == cost.charge(0) - cost.charge(2)  # the first two
-    assert cost.next_pass(4, 1024, 31) == cost.charge(4)  # the last alone
+    passes = cost.passes(1024, 31)
+    # two per pass, the last alone: the work of each, which together is the request's
+    assert passes == [cost.work(0, 2), cost.work(2, 4), cost.work(4)]
+    assert sum(passes, Work()) == cost.work()
+    assert len(cost.passes(1024, 1)) == 5  # one stream per pass
+    assert cost.passes(1024, 31, start=4) == [cost.work(4)]
     labelled = price([_prompt(1, 100)] * 2, [[1, 2, 3], [4]], stream_cells=512)
-    assert labelled.passes(1024, 31) == 1
-    assert labelled.passes(1024, 4) == 2  # 4 + 2 sequences
+    assert len(labelled.passes(1024, 31)) == 1
+    assert len(labelled.passes(1024, 4)) == 2  # 4 + 2 sequences
 
 
 # -- memory that keeps only whole streams (recurrent, hybrid): checkpoints ---------------------

@@ -54,8 +54,8 @@ def live_server(app: ASGIApp, timeout_s: float = 60.0) -> Iterator[str]:
 
 class BusyFirst:
     """Wraps the app so the next `busy` POSTs find the scheduler's queue full: the real
-    admission check (the scheduler's own, with the queue counted as SEMIF_MAX_QUEUE deep)
-    then answers its retryable 503 (or, on the SageMaker path, a ModelError)."""
+    admission check (the core's own, with the queue counted as SEMIF_MAX_QUEUE deep)
+    then answers its 429 (or, on the SageMaker path, a ModelError)."""
 
     def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
         self.app = app
@@ -72,12 +72,16 @@ class BusyFirst:
         if service is None or self._hooked is service.scheduler:
             return
         scheduler = service.scheduler
-        real_admit = scheduler._make_room
+        admission = scheduler.admission
+        real_admit = admission.admit
 
-        def admit(waiting: int, retry_token: str | None, *, place: bool) -> None:
-            real_admit(scheduler.max_queue if self._full else waiting, retry_token, place=place)
+        def admit(
+            now: float, queue: Any, waiting: int, retry_token: str | None, *, claim: bool
+        ) -> None:
+            full = admission.max_queue if self._full else waiting
+            real_admit(now, queue, full, retry_token, claim=claim)
 
-        scheduler._make_room = admit  # type: ignore[method-assign]
+        admission.admit = admit  # type: ignore[method-assign,assignment]
         self._hooked = scheduler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
