@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from adapter import handlers, lines
+from adapter.apis import Api, select_api
 from adapter.errors import ApiError, UnavailableError
 from adapter.http import (
     Call,
@@ -49,11 +50,11 @@ def create_app(
     """Build the app; `on_load_failure` hears a failed model load (serve exits on it)."""
     runtime = Runtime(settings)
 
-    def call_of(api: str) -> tuple[str, Call]:
+    def call_of(api: Api) -> tuple[str, Call]:
         return api, partial(handlers.BY_API[api], runtime)
 
     def by_field(body: Any) -> tuple[str, Call]:
-        return call_of(handlers.select_api(body))
+        return call_of(select_api(body))
 
     async def ping(request: Request) -> Response:
         if runtime.healthy and runtime.service is not None:
@@ -90,7 +91,7 @@ def create_app(
     async def sagemaker_runtime(request: Request) -> Response:
         return as_sagemaker_runtime(await invocations(request))
 
-    def guarded(api: str) -> Callable[[Request], Any]:
+    def guarded(api: Api) -> Callable[[Request], Any]:
         async def route(request: Request) -> Response:
             return await answer(
                 request,

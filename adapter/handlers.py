@@ -13,6 +13,7 @@ from typing import Any
 import anyio.to_thread
 
 from adapter import chat, decisions, systemone
+from adapter.apis import Api
 from adapter.cancel import Cancellation
 from adapter.errors import RequestError
 from adapter.runtime import Runtime
@@ -138,20 +139,8 @@ async def complete_chat(
     return response, log
 
 
-BY_API: dict[str, Handler] = {
+BY_API: dict[Api, Handler] = {
     "decision": decide,
     "systemone": answer_systemone,
     "chat": complete_chat,
 }
-# /invocations picks the API by the body's distinguishing field; the decision API is the
-# default, so the reference sample's bodies work unchanged.
-API_BY_FIELD: dict[str, str] = {"questions": "systemone", "messages": "chat"}
-
-
-def select_api(body: Any) -> str:
-    """The API a body is for (a key of BY_API; its name labels logs and metrics)."""
-    if isinstance(body, dict):
-        for key, api in API_BY_FIELD.items():
-            if key in body:
-                return api
-    return "decision"

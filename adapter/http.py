@@ -298,12 +298,21 @@ async def answer(
         # whatever was computed goes to nobody, which is a 499 however the work ended.
         log["client_gone"] = True
         status = ClientDisconnectedError.status
+    finish_call(log, api, status, started, metrics)
+    return response
+
+
+def finish_call(
+    log: dict[str, Any], api: str, status: int, started: float, metrics: Metrics | None
+) -> None:
+    """The one tail of every call (`answer`'s, and a JSON Lines body's, adapter.lines): its
+    status and seconds into its log line, the line written once, the call counted from the
+    same fields."""
     seconds = time.perf_counter() - started
     log.update(status=status, seconds=round(seconds, 6))
     LOG.info(json.dumps(log, default=str, allow_nan=True))
     if metrics is not None:
         metrics.observe_call(api, status, seconds, log)
-    return response
 
 
 async def watch_disconnect(request: Request, cancel: Cancellation) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from adapter import handlers
+from adapter.apis import select_api
 from adapter.errors import ApiError, RequestError
 from adapter.likelihood import Readout
 from adapter.schema import Decision, DecisionRequest, Policy, parse_decision_body
@@ -152,7 +152,7 @@ def plan(lines: Sequence[Any], max_shared: int, default_readout: Readout = "lett
 def _parse(
     line: Any, max_shared: int, default_readout: Readout
 ) -> DecisionRequest | SystemOneRequest:
-    api = handlers.select_api(line)
+    api = select_api(line)
     if api == "systemone":
         return parse_systemone(line, max_shared)
     if api == "chat":

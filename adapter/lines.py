@@ -60,6 +60,7 @@ from adapter.http import (
     authenticate,
     content_type_of,
     error_response,
+    finish_call,
     parse_json,
     read_body,
     request_id_of,
@@ -414,9 +415,7 @@ def _finish(
     started: float,
     statuses: list[int] | None = None,
 ) -> None:
-    seconds = time.perf_counter() - started
-    log.update(status=status, seconds=round(seconds, 6))
-    LOG.info(json.dumps(log, default=str, allow_nan=True))
-    runtime.metrics.observe_call("lines", status, seconds, log)
+    """The body's log line and call count (http's one tail), and each line's status."""
+    finish_call(log, "lines", status, started, runtime.metrics)
     for line_status, lines in collections.Counter(statuses or ()).items():
         runtime.metrics.lines.labels(str(line_status)).inc(lines)

@@ -145,3 +145,23 @@ class LikelihoodWork:
 
 
 QuestionWork = LetterWork | LikelihoodWork
+
+
+def in_chunks(entries: Sequence[Entry], chunk: int) -> list[tuple[Entry, bool]]:
+    """What to send so that no pass decodes much more than `chunk` rows of one prompt (a
+    pass is bounded in time as well as rows, adapter.core.admission): each entry, preceded
+    when it is longer than one and a half chunks by its leading chunks as prompts of their
+    own (marked True; nothing reads their scores), shortest first. Each chunk is the prefix
+    the next one extends, so the next pass decodes only what is new (prefix reuse: on the
+    exact path the scores are bit for bit those of the whole prompt decoded at once), and a
+    chunk that two entries share (one state's branches) is sent once."""
+    sent: list[tuple[Entry, bool]] = []
+    chunks: set[tuple[int, ...]] = set()
+    for entry in entries:
+        for end in range(chunk, len(entry.tokens) - chunk // 2, chunk):
+            prefix = tuple(entry.tokens[:end])
+            if prefix not in chunks:
+                chunks.add(prefix)
+                sent.append((Entry(list(prefix), [], 0, ()), True))
+        sent.append((entry, False))
+    return sent

@@ -9,15 +9,13 @@ and hand all decoding to the scheduler's worker (adapter.core.scheduler), then w
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from adapter.cancel import Cancellation, deadline_error
@@ -40,8 +38,9 @@ from adapter.core.layout import Price, common_prefix_length, distinct_tokens, pr
 from adapter.core.scheduler import JobTiming, Scheduler
 from adapter.errors import BusyError, RequestError, UnavailableError, shutting_down
 from adapter.labels import LabelError, LabelSet
-from adapter.likelihood import LETTERS, Listing, ReadoutChoice, option_tokens
+from adapter.likelihood import LETTERS, Listing, ReadoutChoice
 from adapter.metrics import Metrics
+from adapter.option_branches import OptionBranches
 from adapter.ordering import Reading, Variants, expand, read
 from adapter.prompts import (
     LIKELIHOOD_PROMPT_VERSIONS,
@@ -49,21 +48,16 @@ from adapter.prompts import (
     RenderedPrompt,
     TemplateRenderError,
     answer_labels,
-    answer_text,
     render_chat_prompt,
     render_decision_prompt,
-    render_likelihood_prompt,
-    render_neutral_prompt,
-    with_answer,
 )
-from adapter.question_work import LetterWork, LikelihoodWork, QuestionWork
+from adapter.question_work import Entry, LetterWork, in_chunks
 from adapter.readout import NonFiniteLogitsError, SlotReadout
 from adapter.schema import Decision, Mode, decision_paths
 from adapter.settings import QueueLimits
 from model_build.calibration import Calibration, OptionOrder
 
 T = TypeVar("T")
-NEUTRAL_CACHE_SIZE = 4096  # options whose neutral score (pmi) is kept
 
 
 @dataclass
@@ -121,12 +115,17 @@ class DecisionService:
     scheduler: Scheduler = field(init=False)
     _native: threading.Lock = field(default_factory=threading.Lock)  # tokenizing vs close
     _closed: bool = False
-    # pmi's neutral scores by option tokens (adapter.likelihood), read and kept by requests
-    _neutral_scores: OrderedDict[tuple[int, ...], float] = field(default_factory=OrderedDict)
-    _neutral_lock: threading.Lock = field(default_factory=threading.Lock)
-    _neutral: tuple[RenderedPrompt, list[int]] | None = None
+    _branches: OptionBranches = field(init=False)  # likelihood questions' work
 
     def __post_init__(self) -> None:
+        self._branches = OptionBranches(
+            template=lambda: self.template,
+            listing=lambda: self.listing,
+            tokenize=self.tokenize_prompt,
+            boundaries=self._boundaries,
+            end_of_turn=self._end_of_turn,
+            max_tokens=self.max_tokens,
+        )
         self.scheduler = Scheduler(
             self.engine,
             limits=self.limits,
@@ -244,6 +243,10 @@ class DecisionService:
         """The version of the likelihood prompt this service renders (its listing's)."""
         return LIKELIHOOD_PROMPT_VERSIONS[self.listing]
 
+    def _end_of_turn(self) -> int:
+        with self._vocabulary() as engine:
+            return engine.vocab.end_of_turn
+
     def piece(self, token: int) -> str:
         """A token's text (the readout's top token), unless the model is being freed."""
         with self._vocabulary() as engine:
@@ -330,30 +333,30 @@ class DecisionService:
             self.scheduler.check_room(retry_token)
         choices = readouts or [LETTERS] * len(decisions)
         works = [
-            self._likelihood_work(decision, path, choice)
+            self._branches.work(decision, path, choice)
             if choice.likelihood
             else self._letter_work(decision, path)
             for decision, path, choice in zip(decisions, paths, choices, strict=True)
         ]
         entries = [(owner, entry) for owner, work in enumerate(works) for entry in work.entries]
-        sent = [entry.tokens for _, entry in entries]
-        continuations = [entry.continuations for _, entry in entries]
-        scored = [entry.scored for _, entry in entries]
-        cost = price(sent, continuations, stream_cells=self.engine.stream_cells, scored=scored)
-        self._check_budget(cost, field)
+        asked = [entry for _, entry in entries]
+        self._check_budget(self._price(asked), field)
+        sending = self._in_chunks(asked)
         cancel = cancel or Cancellation()
         with self._answering(field):
             job = self.scheduler.submit(
-                sent,
-                continuations,
+                [entry.tokens for entry, _ in sending],
+                [entry.continuations for entry, _ in sending],
                 started + self.limits.request_timeout_seconds,
                 cancel,
-                cost=cost,
-                boundaries=[entry.boundaries for _, entry in entries],
-                scored=scored,
+                cost=self._price([entry for entry, _ in sending]),
+                boundaries=[entry.boundaries for entry, _ in sending],
+                scored=[entry.scored for entry, _ in sending],
                 retry_token=retry_token,
             )
         parts, timing = self._wait(job.future, cancel, started, field)
+        parts = _without_chunks(sending, parts)
+        timing = replace(timing, reused_tokens=sum(part.reused_tokens for part in parts))
         mine: list[list[PromptScore]] = [[] for _ in works]
         for (owner, _), part in zip(entries, parts, strict=True):
             mine[owner].append(part)
@@ -362,7 +365,7 @@ class DecisionService:
         except NonFiniteLogitsError as error:
             self._mark_unhealthy(error)
             raise
-        self._remember_neutral(works, mine)
+        self._branches.remember(works, mine)
         return ScoredBatch(
             prompts=[work.text for work in works],
             input_tokens=[work.input_tokens() for work in works],
@@ -370,8 +373,25 @@ class DecisionService:
             readouts=readouts_read,
             timing=timing,
             total_seconds=time.monotonic() - started,
-            distinct_input_tokens=distinct_tokens(sent),
+            distinct_input_tokens=distinct_tokens([entry.tokens for entry in asked]),
         )
+
+    def _price(self, entries: Sequence[Entry]) -> Price:
+        return price(
+            [entry.tokens for entry in entries],
+            [entry.continuations for entry in entries],
+            stream_cells=self.engine.stream_cells,
+            scored=[entry.scored for entry in entries],
+        )
+
+    def _in_chunks(self, entries: Sequence[Entry]) -> list[tuple[Entry, bool]]:
+        """The entries as sent: a prompt longer than a pass in chunks first (a pass is
+        bounded in time, adapter.core.admission). Not on memory that keeps only whole
+        streams, which cannot extend a chunk it must first cut back: there a long prompt
+        stays one pass."""
+        if self.engine.recurrent:
+            return [(entry, False) for entry in entries]
+        return in_chunks(entries, self.scheduler.pass_rows)
 
     def _letter_work(self, decision: Decision, path: str) -> LetterWork:
         """The letter prompt, with as many of its label continuations per entry as one pass
@@ -385,97 +405,6 @@ class DecisionService:
             self._boundaries(prompt, tokens),
             per_pass=self.engine.max_branches - 1,
         )
-
-    def _likelihood_work(
-        self, decision: Decision, path: str, choice: ReadoutChoice
-    ) -> LikelihoodWork:
-        """The likelihood prompt and a branch per option (its text then the end of the
-        turn), each within SEMIF_MAX_TOKENS and tokenized as the model would read it after
-        the prompt (adapter.likelihood.option_tokens); for pmi, the neutral branches the
-        cache does not already answer."""
-        try:
-            prompt = render_likelihood_prompt(self.template, decision, self.listing)
-        except (TemplateRenderError, ValueError) as error:
-            raise RequestError(path, str(error)) from None
-        hint = "; shorten the state, question or options"
-        tokens = self.tokenize_prompt(prompt, path, hint)
-        options = self._answers(prompt, tokens, decision, path, hint)
-        # On whole-stream memory, where branches part too: the prompt's end, less the row
-        # that scores each option's first token.
-        cuts = self._boundaries(prompt, tokens)
-        cuts = (*cuts, len(tokens) - 1) if cuts else ()
-        branches = [[*tokens, *option] for option in options]
-        neutral = None
-        if choice.normalization == "pmi":
-            neutral_prompt, start = self._neutral_prompt()
-            after = self._answers(neutral_prompt, start, decision, path, hint)
-            with self._neutral_lock:
-                known = [self._neutral_scores.get(tuple(option)) for option in after]
-            neutral = (start, known)
-            if after != options:  # the same words after either prompt, or pmi is not defined
-                raise RequestError(path, "an option tokenizes differently after the neutral prompt")
-        return LikelihoodWork.of(prompt.text, branches, options, choice, cuts, neutral)
-
-    def _answers(
-        self, prompt: RenderedPrompt, tokens: list[int], decision: Decision, path: str, hint: str
-    ) -> list[list[int]]:
-        """Each option's scored tokens after `prompt`: its answer text's (its label, else its
-        description), then the end of the assistant's turn (so an option that is another's
-        prefix is not favoured)."""
-        with self._vocabulary() as engine:
-            end = engine.vocab.end_of_turn
-        if end < 0:
-            raise RequestError(
-                "readout",
-                "this model's vocabulary has no end-of-turn or end-of-sequence token, so a "
-                "whole answer cannot be scored; use the letters readout",
-            )
-        answers = []
-        said: dict[tuple[int, ...], str] = {}  # answer tokens -> the option that has them
-        for option in decision.options:
-            branch = self.tokenize_prompt(with_answer(prompt, answer_text(option)), path, hint)
-            answer = option_tokens(branch, tokens, f"{path}.options", option.id)
-            twin = said.setdefault(tuple(answer), option.id)
-            if twin != option.id:  # the same words score the same: they cannot be told apart
-                raise RequestError(
-                    f"{path}.options",
-                    f"options {json.dumps(twin)} and {json.dumps(option.id)} have the same "
-                    "answer text (label, else description); the likelihood readout cannot "
-                    "tell them apart",
-                )
-            if len(tokens) + len(answer) + 1 > self.max_tokens:
-                raise RequestError(
-                    path,
-                    f"option {option.id!r} makes the prompt {len(tokens) + len(answer) + 1} "
-                    f"tokens; the limit is {self.max_tokens} (SEMIF_MAX_TOKENS){hint}",
-                )
-            answers.append([*answer, end])
-        return answers
-
-    def _neutral_prompt(self) -> tuple[RenderedPrompt, list[int]]:
-        """The neutral prompt and its tokens (rendered once; no request text in it)."""
-        if self._neutral is None:
-            try:
-                prompt = render_neutral_prompt(self.template, self.listing)
-            except (TemplateRenderError, ValueError) as error:
-                raise RequestError("normalization", str(error)) from None
-            self._neutral = (prompt, self.tokenize_prompt(prompt, "normalization"))
-        return self._neutral
-
-    def _remember_neutral(
-        self, works: Sequence[QuestionWork], scores: Sequence[Sequence[PromptScore]]
-    ) -> None:
-        """Keep the neutral scores a pass computed (pmi), the oldest forgotten past
-        NEUTRAL_CACHE_SIZE: they depend only on the option's tokens."""
-        with self._neutral_lock:
-            for work, own in zip(works, scores, strict=True):
-                if not isinstance(work, LikelihoodWork) or work.choice.normalization != "pmi":
-                    continue
-                for option, value in zip(work.options, work.neutral_scores(own), strict=True):
-                    self._neutral_scores[tuple(option)] = value
-                    self._neutral_scores.move_to_end(tuple(option))
-            while len(self._neutral_scores) > NEUTRAL_CACHE_SIZE:
-                self._neutral_scores.popitem(last=False)
 
     def _check_budget(self, cost: Price, path: str) -> None:
         """Refuse, before it queues, a request over SEMIF_MAX_REQUEST_TOKENS (what the layout
@@ -553,3 +482,22 @@ def _too_slow(path: str, needed: float, allowed: float, speed: str) -> RequestEr
         f"{allowed:g} s (SEMIF_REQUEST_TIMEOUT_S); send fewer "
         "or shorter decisions",
     )
+
+
+def _without_chunks(
+    sending: Sequence[tuple[Entry, bool]], parts: Sequence[PromptScore]
+) -> list[PromptScore]:
+    """The scores of the entries asked for, without their chunks'. What a chunk decoded is
+    charged to the entry it was sent for (`in_chunks` sends a chunk just before the first
+    entry that needs it), so an entry's reused tokens are those it did not decode itself,
+    as when it is sent whole, and a request's reused and evaluated tokens add up to its
+    input."""
+    kept = []
+    decoded = 0  # what the chunks sent for the next entry decoded
+    for (entry, chunk), part in zip(sending, parts, strict=True):
+        if chunk:
+            decoded += len(entry.tokens) - part.reused_tokens
+            continue
+        kept.append(replace(part, reused_tokens=max(0, part.reused_tokens - decoded)))
+        decoded = 0
+    return kept

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from adapter import fields
 from adapter.cancel import Cancellation
@@ -37,8 +37,10 @@ from adapter.fields import JsonState, member_path
 from adapter.likelihood import LETTERS, Readout, ReadoutChoice
 from adapter.ordering import Variants
 from adapter.schema import Decision, Option, normalization, option_order, readout_method
-from adapter.service import DecisionService, ScoredBatch
 from model_build.calibration import Normalization, OptionOrder
+
+if TYPE_CHECKING:  # the parser loads no model (the JSON Lines planner uses it)
+    from adapter.service import DecisionService, ScoredBatch
 
 Kind = Literal["noul", "choice", "score"]
 KINDS: tuple[Kind, ...] = ("noul", "choice", "score")

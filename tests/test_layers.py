@@ -8,6 +8,8 @@ constructs without any environment's data, and the engine without knowing decisi
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,26 @@ def test_every_core_module_has_its_edges_stated() -> None:
 def test_every_package_is_covered() -> None:
     packages = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
     assert packages <= set(ALLOWED)
+
+
+# Modules that must not load llama.cpp: the HTTP plumbing (cancellation once travelled in a
+# context variable of the scheduler's module, and the HTTP layer imported libllama with it)
+# and the JSON Lines planner, documented as pure (it once imported the handlers for the API
+# rule, and with them the model).
+NATIVE_FREE = ("adapter.http", "adapter.line_plan", "adapter.apis")
+
+
+@pytest.mark.parametrize("module", NATIVE_FREE)
+def test_a_module_loads_no_native_library(module: str) -> None:
+    check = f"import sys, {module}; print(sorted(m for m in sys.modules if 'llama' in m))"
+    result = subprocess.run(
+        [sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_api_has_a_handler() -> None:
+    from adapter import apis, handlers
+
+    assert set(handlers.BY_API) == set(apis.APIS)
+    assert set(apis.API_BY_FIELD.values()) < set(apis.APIS)

@@ -60,6 +60,11 @@ FORGET = 0.9  # a pass's weight in the speed fit, relative to the pass after it
 # passes look alike, little enough that passes of different shapes decide.
 PRIOR_PASSES = 0.5
 TYPICAL_OF = 32  # recent admitted requests whose median is a typical request's work
+# A pass is bounded in time as well as rows: at most this share of the queue timeout at the
+# measured speed (a newcomer waits about one pass behind a long request), never fewer rows
+# than MIN_PASS_ROWS (a pass must still share a template and a state across prompts).
+PASSES_PER_QUEUE_TIMEOUT = 8
+MIN_PASS_ROWS = 128
 ESTIMATE_FACTOR = 1.5  # the stated bound on a multi-pass request's estimate (see above)
 
 Cause = Literal["queue_full", "overloaded", "queue_timeout"]
@@ -102,6 +107,7 @@ class Pressure:
 
     ready_rows: int = 0
     ready_seconds: float | None = None
+    pass_rows: int = 0  # rows a pass may take (0: not yet published, any work is welcome)
 
 
 class SpeedModel:
@@ -121,6 +127,15 @@ class SpeedModel:
         self._seconds = FORGET * self._seconds + seconds
         self._rows = FORGET * self._rows + max(work.rows, 1)
         self.coefficients = self._fit()
+
+    def rows_within(self, seconds: float) -> int | None:
+        """The rows a pass can decode in `seconds`, at the cells per row recent passes
+        attended to (None until a pass was measured)."""
+        if self.coefficients is None:
+            return None
+        fixed, per_row, per_cell = self.coefficients
+        cells_per_row = self._gram[0, 2] / max(self._gram[0, 1], 1e-12)
+        return int(max(seconds - fixed, 0.0) / (per_row + per_cell * cells_per_row))
 
     def seconds(self, work: Work, passes: int = 1) -> float | None:
         """What `work` takes over `passes` passes; None until a pass was measured."""
@@ -170,7 +185,7 @@ class Admission:
         self.max_queue = max_queue
         self.queue_timeout_seconds = queue_timeout_seconds
         self.max_batch_requests = max_batch_requests
-        self.pass_rows = pass_rows
+        self.most_pass_rows = pass_rows
         self.max_sequences = max_sequences
         self.prefix_reuse = prefix_reuse
         self.speed = SpeedModel()
@@ -181,6 +196,18 @@ class Admission:
         )
 
     # -- the speed -------------------------------------------------------------------------
+
+    @property
+    def pass_rows(self) -> int:
+        """Rows one pass may take: the engine's most, fewer where the measured speed would
+        make such a pass outlast its share of the queue timeout (PASSES_PER_QUEUE_TIMEOUT),
+        never fewer than MIN_PASS_ROWS (or the engine's most, if that is less). A prompt longer than this is decoded over several
+        passes (the service sends its leading chunks first), so no pass holds the worker
+        for long: what a newcomer waits behind is about one such pass."""
+        within = self.speed.rows_within(self.queue_timeout_seconds / PASSES_PER_QUEUE_TIMEOUT)
+        if within is None:
+            return self.most_pass_rows
+        return min(self.most_pass_rows, max(MIN_PASS_ROWS, within))
 
     def passed(self, seconds: float, work: Work) -> None:
         """The worker scored a pass of `work` in `seconds`."""
@@ -329,7 +356,8 @@ class Admission:
 
     def pressure(self, ready: Work) -> Pressure:
         """The published view of `ready` work (see Pressure)."""
-        return Pressure(ready.rows, self.speed.seconds(ready, 0) if ready.rows else 0.0)
+        seconds = self.speed.seconds(ready, 0) if ready.rows else 0.0
+        return Pressure(ready.rows, seconds, self.pass_rows)
 
     def wants_work(self, pressure: Pressure) -> bool:
         """Whether a caller with much work to give (a JSON Lines body, adapter.lines) should
@@ -339,7 +367,7 @@ class Admission:
         its queue timeout, one pass or two after it arrived. More would only wait: requests
         take turns pass by pass, so a queue of many would all finish late, past their
         deadlines. Any thread: it reads only the published `pressure` and settings."""
-        if pressure.ready_rows >= self.pass_rows:
+        if pressure.pass_rows and pressure.ready_rows >= pressure.pass_rows:
             return False
         seconds = pressure.ready_seconds
         return seconds is None or seconds < self.queue_timeout_seconds / 2

@@ -240,14 +240,6 @@ class LlamaEngine:
         extra = continuations if continuations is not None else [()] * len(prompts)
         if len(extra) != len(prompts):
             raise ValueError("give one continuation list per prompt")
-        longest = max(
-            len(prompt) + len(tokens) for prompt, tokens in zip(prompts, extra, strict=True)
-        )
-        if longest > self.stream_cells:
-            # Checked before any decode: llama.cpp aborts the process on an oversized batch.
-            raise CapacityError(
-                f"a prompt needs {longest} KV cells; a stream has {self.stream_cells}"
-            )
         distinct: dict[tuple[int, ...], set[int]] = {}
         counts: dict[tuple[int, ...], int] = {}
         for index, (prompt, tokens) in enumerate(zip(prompts, extra, strict=True)):
@@ -310,6 +302,9 @@ class LlamaEngine:
         try:
             self.check_cancel()
             try:
+                # The one cell limit (a stream holds a prompt and one continuation token, the
+                # planner's rule), checked before any decode: llama.cpp aborts the process on
+                # an oversized batch.
                 plan = self.cache.plan(unique, wanted, scored)
             except OverflowError as error:
                 raise CapacityError(str(error)) from None

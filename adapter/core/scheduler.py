@@ -119,7 +119,6 @@ class Scheduler:
         self.engine = engine
         self._on_pass = on_pass
         self.max_batch_requests = limits.max_batch_requests
-        self.pass_rows = engine.pass_rows  # a larger request is scored over several passes
         self._on_native_failure = on_native_failure
         self._queue: collections.deque[_Job] = collections.deque()
         self._chats: collections.deque[_ChatJob] = collections.deque()
@@ -204,6 +203,13 @@ class Scheduler:
             self._condition.notify()
         return job
 
+    @property
+    def pass_rows(self) -> int:
+        """Rows one pass may take now, bounded in time as well as rows (the admission's
+        `pass_rows`): a prompt longer than this is sent in chunks (the service)."""
+        with self._condition:
+            return self.admission.pass_rows
+
     def seconds_for(self, cost: Price) -> float | None:
         """How long the request's own passes take at the measured speed (None until a pass
         has measured it)."""
@@ -272,7 +278,7 @@ class Scheduler:
                 job.done,
                 rows=rows,
                 sequences=sequences,
-                pass_rows=self.pass_rows,
+                pass_rows=self.admission.pass_rows,
                 max_sequences=self.engine.max_branches,
             )
             if end == job.done:

@@ -20,6 +20,7 @@ from adapter.core.layout import Price, price
 from adapter.core.scheduler import Scheduler
 from adapter.decisions import decide
 from adapter.errors import BusyError, RequestError
+from adapter.likelihood import ReadoutChoice
 from adapter.runtime import LoadedModel
 from adapter.schema import Decision, Option
 from adapter.service import DecisionService
@@ -363,3 +364,41 @@ def test_without_reuse_a_continuing_request_gets_its_last_pass_to_itself() -> No
         (1, True),
         (1, False),
     ]
+
+
+@pytest.mark.parametrize("readout", ["letters", "likelihood"])
+def test_a_prompt_longer_than_a_pass_is_decoded_in_chunks_bit_for_bit(
+    tiny_gguf: Path, readout: str
+) -> None:
+    """A pass bounded to 128 rows: a 700-token prompt goes in its leading chunks first, a
+    pass each (a newcomer waits behind one of them, not the whole prompt), and reads bit
+    for bit what the prompt decoded in one pass reads. The chunks' rows count as decoded
+    for the entry they were sent for: a letter prompt reuses nothing on a fresh cache, and
+    by likelihood the branches after the first reuse the prompt the chunks left resident,
+    as branches in later passes do; reused and decoded add up to the input."""
+    long = Decision(
+        "long",
+        "An account history. " * 30,
+        "Which queue?",
+        tuple(Option(o, f"The {o} option.") for o in ("refunds", "shipping", "sales")),
+    )
+    choice = ReadoutChoice(readout)  # type: ignore[arg-type]
+    results = []
+    for most_rows in (128, 4096):
+        service = _service(open_test_model(tiny_gguf))
+        service.scheduler.admission.most_pass_rows = most_rows
+        try:
+            results.append(service.score([long], ["decision"], readouts=[choice]))
+        finally:
+            service.close(10)
+    chunked, whole = results
+    assert chunked.input_tokens == whole.input_tokens
+    assert chunked.input_tokens[0] > 5 * 128
+    assert chunked.timing.passes >= 5
+    assert whole.timing.passes == 1
+    assert chunked.readouts[0].option_logits == whole.readouts[0].option_logits
+    assert whole.reused_tokens == [0]
+    if readout == "letters":
+        assert chunked.reused_tokens == [0]
+    timing = chunked.timing
+    assert timing.reused_tokens + timing.evaluated_tokens == sum(chunked.input_tokens)

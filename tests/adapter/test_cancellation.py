@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,16 +30,6 @@ from tests.support.live_server import live_server, post_in_background, runtime_o
 from tests.support.serving import decision
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_the_http_layer_loads_no_native_library() -> None:
-    """Cancellation used to travel in a context variable of the scheduler's module, so the
-    HTTP plumbing imported the engine and with it libllama."""
-    check = "import sys, adapter.http; print(sorted(m for m in sys.modules if 'llama' in m))"
-    result = subprocess.run(
-        [sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "[]"
 
 
 # -- the scheduler, with an engine that holds its first pass (real time) --------------------

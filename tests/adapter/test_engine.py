@@ -217,16 +217,20 @@ def test_without_reuse_a_request_over_several_passes_decodes_its_state_once(
 ) -> None:
     fresh = open_test_model(tiny_any_gguf, prefix_reuse=False)
     try:
-        fresh.engine.pass_rows = 64  # below one prompt: every question is a pass of its own
+        fresh.engine.pass_rows = 64  # below one prompt: every question takes passes of its own
         service = service_of(fresh)
         asked = decide(service, questions(), "shared")
         prompts = [tokens for _, tokens in service.render(questions(), "shared")]
         state = common_prefix_length(prompts[0], prompts[1])
-        assert asked["timing"]["passes"] == len(prompts)
+        timing = asked["timing"]
+        # A pass each at least (in chunks where a pass is time-bounded: not on whole-stream
+        # memory), and what was not decoded is reported as reused, chunks or not.
+        assert timing["passes"] >= len(prompts)
+        assert timing["reused_tokens"] + timing["evaluated_tokens"] == timing["input_tokens"]
         # Later passes continue from the first one's stream (or, on whole-stream memory,
         # from the checkpoint it left where the state ends): the state is decoded once.
         once = sum(len(prompt) for prompt in prompts) - (len(prompts) - 1) * (state - MIN_ROWS)
-        assert asked["timing"]["evaluated_tokens"] <= once
+        assert timing["evaluated_tokens"] <= once
         # The next request starts from an empty cache.
         again = decide(service, questions()[:1], "single")
         assert again["timing"]["reused_tokens"] == 0
@@ -242,7 +246,7 @@ def test_a_state_asked_over_many_passes_is_decoded_once(tiny_any_gguf: Path) -> 
     once, by the first request a server answers)."""
     loaded = open_test_model(tiny_any_gguf)
     try:
-        loaded.engine.pass_rows = 64  # below one prompt: every question is a pass of its own
+        loaded.engine.pass_rows = 64  # below one prompt: every question takes passes of its own
         service = service_of(loaded)
         options = questions()[0].options
         decide(service, [Decision("warm", "Another order.", "Which?", options)], "single")
@@ -252,9 +256,11 @@ def test_a_state_asked_over_many_passes_is_decoded_once(tiny_any_gguf: Path) -> 
         answer = decide(service, asked, "shared")
         prompts = [tokens for _, tokens in service.render(asked, "shared")]
         state = common_prefix_length(prompts[0], prompts[1])
-        assert answer["timing"]["passes"] == 16
+        timing = answer["timing"]
+        assert timing["passes"] >= 16
+        assert timing["reused_tokens"] + timing["evaluated_tokens"] == timing["input_tokens"]
         once = sum(len(prompt) for prompt in prompts) - 15 * state
-        assert answer["timing"]["evaluated_tokens"] <= once + 16 * MIN_ROWS
+        assert timing["evaluated_tokens"] <= once + 16 * MIN_ROWS
     finally:
         loaded.engine.close()
 
@@ -270,8 +276,14 @@ def test_a_prompt_larger_than_the_cache_is_a_capacity_error(tiny_gguf: Path) -> 
         cpu=cpu_backend(None),
     )
     try:
-        with pytest.raises(CapacityError, match="KV cells"):
+        with pytest.raises(CapacityError, match="a stream has 256"):
             small.score([list(range(10)) + [i % 200 for i in range(300)]])
+        # A prompt that fills a stream but for one cell, with many label continuations:
+        # each continuation is a stream of its own (the prompt and one token), so it fits.
+        # Counting all of them against one stream refused it, a 503 no retry could fix.
+        full = [i % 200 for i in range(255)]
+        (score,), _ = small.score([full], [list(range(12))])
+        assert len(score.next_logits) == 12
     finally:
         small.close()
 

@@ -277,7 +277,7 @@ def test_pmi_with_some_neutral_scores_remembered_equals_a_cold_service(tiny_gguf
         known = warm.score([three], ["d"], readouts=[pmi]).readouts[0]
         fresh = cold.score([three], ["d"], readouts=[pmi]).readouts[0]
         assert known.option_logits == fresh.option_logits
-        assert len(warm._neutral_scores) == 3
+        assert len(warm._branches._neutral_scores) == 3
     finally:
         warm.close(10)
         cold.close(10)

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+import adapter.core.admission as admission_module
 import adapter.core.scheduler as scheduler_module
 from adapter.cancel import Cancellation
 from adapter.core.admission import MAX_RETRY_AFTER_S
@@ -281,10 +282,19 @@ def test_7_chat_tokens_interleave_with_passes(scenarios: list[Scenario]) -> None
 
 
 def _fixed(
-    monkeypatch: pytest.MonkeyPatch, *, prefix_reuse: bool, queue_timeout: float = 1000.0
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    prefix_reuse: bool,
+    queue_timeout: float = 1000.0,
+    bounded_passes: bool = False,
 ) -> tuple[Scheduler, FakeEngine]:
+    """A scheduler on the fake engine and clock. Passes take the engine's PASS_ROWS unless
+    `bounded_passes` (the admission's bound in time, which these tests of other rules
+    would otherwise meet at their slow 100 rows a second)."""
     clock = FakeClock()
     monkeypatch.setattr(scheduler_module, "time", clock)
+    if not bounded_passes:
+        monkeypatch.setattr(admission_module, "MIN_PASS_ROWS", PASS_ROWS)
     engine = FakeEngine(PASS_ROWS, MAX_BRANCHES, prefix_reuse, clock)
     scheduler = Scheduler(
         engine,  # type: ignore[arg-type]
@@ -592,3 +602,29 @@ def _cause(error: BaseException) -> str:
         return "deadline"
     assert isinstance(error, BusyError), error
     return str(error.cause)
+
+
+def test_13_a_pass_is_bounded_in_time_as_well_as_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the measured 100 rows a second, a pass may take an eighth of the 8 s queue
+    timeout: 1 s, so 100 rows, raised to the floor of MIN_PASS_ROWS (128): four 100-row
+    requests queued together are scored one a pass, where the engine's 256 rows would take
+    two at a time; and the admission says so."""
+    scheduler, engine = _fixed(
+        monkeypatch, prefix_reuse=True, queue_timeout=8.0, bounded_passes=True
+    )
+    clock = engine.clock
+    try:
+        assert scheduler.pass_rows == PASS_ROWS  # no speed measured yet
+        _measure_then_hold(scheduler, engine)
+        assert scheduler.pass_rows == admission_module.MIN_PASS_ROWS
+        jobs = [
+            scheduler.submit([_prompt(i, 100)], [()], clock.monotonic() + 1000, Cancellation())
+            for i in range(1, 5)
+        ]
+        engine.release.set()
+        for job in jobs:
+            job.future.result(10)
+    finally:
+        engine.release.set()
+        assert scheduler.close(10)
+    assert [len(requests_of(one)) for one in engine.passes[1:]] == [1, 1, 1, 1]

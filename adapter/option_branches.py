@@ -1,0 +1,155 @@
+"""A likelihood question's work: the prompt and a branch per option, each option's own words
+scored after it, and pmi's neutral branches with the cache of neutral scores.
+
+How an option's words are read (adapter.likelihood) is the readout's; what the engine is
+sent for them is built here, beside the letters' (adapter.question_work), and handed to the
+service as a `LikelihoodWork`. The tokenizer comes in as a callable, with the prompt limit
+checked where it tokenizes (DecisionService.tokenize_prompt), so this module reaches no
+model of its own.
+
+Threads: request threads. The neutral scores depend only on an option's tokens, so they are
+kept across requests (at most NEUTRAL_CACHE_SIZE, the oldest forgotten), under a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from adapter.errors import RequestError
+from adapter.likelihood import Listing, ReadoutChoice, option_tokens
+from adapter.prompts import (
+    ChatTemplate,
+    RenderedPrompt,
+    TemplateRenderError,
+    answer_text,
+    render_likelihood_prompt,
+    render_neutral_prompt,
+    with_answer,
+)
+from adapter.question_work import LikelihoodWork, PromptScore, QuestionWork
+from adapter.schema import Decision
+
+NEUTRAL_CACHE_SIZE = 4096  # options whose neutral score (pmi) is kept
+HINT = "; shorten the state, question or options"
+# (prompt, the field errors name, a hint for the message) -> its tokens, refusing one over
+# SEMIF_MAX_TOKENS.
+Tokenize = Callable[[RenderedPrompt, str, str], list[int]]
+# (prompt, its tokens) -> where whole-stream memory keeps checkpoints (none otherwise).
+Boundaries = Callable[[RenderedPrompt, list[int]], tuple[int, ...]]
+
+
+class OptionBranches:
+    """Builds likelihood questions' work for one model (its template, tokenizer, limit)."""
+
+    def __init__(
+        self,
+        *,
+        template: Callable[[], ChatTemplate],
+        listing: Callable[[], Listing],
+        tokenize: Tokenize,
+        boundaries: Boundaries,
+        end_of_turn: Callable[[], int],
+        max_tokens: int,
+    ) -> None:
+        # The service's template and SEMIF_LIKELIHOOD_PROMPT, read at each use.
+        self._template = template
+        self._listing = listing
+        self._tokenize = tokenize
+        self._boundaries = boundaries
+        self._end_of_turn = end_of_turn
+        self.max_tokens = max_tokens
+        self._neutral: dict[Listing, tuple[RenderedPrompt, list[int]]] = {}
+        self._neutral_scores: OrderedDict[tuple[int, ...], float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def work(self, decision: Decision, path: str, choice: ReadoutChoice) -> LikelihoodWork:
+        """The likelihood prompt and a branch per option (its text then the end of the
+        turn), each within SEMIF_MAX_TOKENS and tokenized as the model would read it after
+        the prompt (adapter.likelihood.option_tokens); for pmi, the neutral branches the
+        cache does not already answer."""
+        try:
+            prompt = render_likelihood_prompt(self._template(), decision, self._listing())
+        except (TemplateRenderError, ValueError) as error:
+            raise RequestError(path, str(error)) from None
+        tokens = self._tokenize(prompt, path, HINT)
+        options = self._answers(prompt, tokens, decision, path)
+        # On whole-stream memory, where branches part too: the prompt's end, less the row
+        # that scores each option's first token.
+        cuts = self._boundaries(prompt, tokens)
+        cuts = (*cuts, len(tokens) - 1) if cuts else ()
+        branches = [[*tokens, *option] for option in options]
+        neutral = None
+        if choice.normalization == "pmi":
+            neutral_prompt, start = self._neutral_prompt()
+            after = self._answers(neutral_prompt, start, decision, path)
+            with self._lock:
+                known = [self._neutral_scores.get(tuple(option)) for option in after]
+            neutral = (start, known)
+            if after != options:  # the same words after either prompt, or pmi is not defined
+                raise RequestError(path, "an option tokenizes differently after the neutral prompt")
+        return LikelihoodWork.of(prompt.text, branches, options, choice, cuts, neutral)
+
+    def remember(
+        self, works: Sequence[QuestionWork], scores: Sequence[Sequence[PromptScore]]
+    ) -> None:
+        """Keep the neutral scores a pass computed (pmi), the oldest forgotten past
+        NEUTRAL_CACHE_SIZE: they depend only on the option's tokens."""
+        with self._lock:
+            for work, own in zip(works, scores, strict=True):
+                if not isinstance(work, LikelihoodWork) or work.choice.normalization != "pmi":
+                    continue
+                for option, value in zip(work.options, work.neutral_scores(own), strict=True):
+                    self._neutral_scores[tuple(option)] = value
+                    self._neutral_scores.move_to_end(tuple(option))
+            while len(self._neutral_scores) > NEUTRAL_CACHE_SIZE:
+                self._neutral_scores.popitem(last=False)
+
+    def _answers(
+        self, prompt: RenderedPrompt, tokens: list[int], decision: Decision, path: str
+    ) -> list[list[int]]:
+        """Each option's scored tokens after `prompt`: its answer text's (its label, else its
+        description), then the end of the assistant's turn (so an option that is another's
+        prefix is not favoured)."""
+        end = self._end_of_turn()
+        if end < 0:
+            raise RequestError(
+                "readout",
+                "this model's vocabulary has no end-of-turn or end-of-sequence token, so a "
+                "whole answer cannot be scored; use the letters readout",
+            )
+        answers = []
+        said: dict[tuple[int, ...], str] = {}  # answer tokens -> the option that has them
+        for option in decision.options:
+            branch = self._tokenize(with_answer(prompt, answer_text(option)), path, HINT)
+            answer = option_tokens(branch, tokens, f"{path}.options", option.id)
+            twin = said.setdefault(tuple(answer), option.id)
+            if twin != option.id:  # the same words score the same: they cannot be told apart
+                raise RequestError(
+                    f"{path}.options",
+                    f"options {json.dumps(twin)} and {json.dumps(option.id)} have the same "
+                    "answer text (label, else description); the likelihood readout cannot "
+                    "tell them apart",
+                )
+            if len(tokens) + len(answer) + 1 > self.max_tokens:
+                raise RequestError(
+                    path,
+                    f"option {json.dumps(option.id)} makes the prompt "
+                    f"{len(tokens) + len(answer) + 1} tokens; the limit is {self.max_tokens} "
+                    f"(SEMIF_MAX_TOKENS){HINT}",
+                )
+            answers.append([*answer, end])
+        return answers
+
+    def _neutral_prompt(self) -> tuple[RenderedPrompt, list[int]]:
+        """The neutral prompt and its tokens (rendered once; no request text in it)."""
+        listing = self._listing()
+        if listing not in self._neutral:
+            try:
+                prompt = render_neutral_prompt(self._template(), listing)
+            except (TemplateRenderError, ValueError) as error:
+                raise RequestError("normalization", str(error)) from None
+            self._neutral[listing] = (prompt, self._tokenize(prompt, "normalization", ""))
+        return self._neutral[listing]
