@@ -2,23 +2,28 @@
 
 llama.cpp's CPU backend offers "extra" buffer types that repack quantized weights at load
 for faster kernels: CPU_REPACK (AVX2/AVX-512/NEON layouts of Q4_0, Q4_K, IQ4_NL, ...) and,
-on CPUs with Intel AMX (Sapphire Rapids and later: SageMaker ml.c7i/m7i/r7i), AMX. The AMX
-path crashes the process on its first matrix multiply (a general protection fault at
-`ldtilecfg` in `ggml_backend_amx_mul_mat`: the tile configuration it loads is invalid and
-worker threads never ask the kernel for tile permission; ggml-org/llama.cpp#20824). So
-weights never go to AMX buffers unless the operator asks.
+in a CPU backend compiled for Intel AMX (Sapphire Rapids and later: SageMaker
+ml.c7i/m7i/r7i), AMX. The AMX path crashes the process on its first matrix multiply (a
+general protection fault at `ldtilecfg` in `ggml_backend_amx_mul_mat`: the tile
+configuration it loads is invalid where the compiler drops the copy it is loaded from
+(Ollama fixed the same crash on AWS m7i by building with GCC 13 instead of 11, the DLC's,
+ollama#17244), and worker threads never ask the kernel for tile permission;
+ggml-org/llama.cpp#20824, fix pending in #26954). So weights never go to AMX buffers unless
+the operator asks.
 
 llama.cpp decides per tensor, from an ordered list of buffer types, and lets a caller shape
 that list only as a whole: `llama_model_params.use_extra_bufts` turns every extra type on or
 off, and a tensor override to the CPU buffer type puts the extra types (AMX first) back in
 play, while an override to one extra type skips the check that the type supports the tensor.
-Keeping CPU_REPACK while refusing AMX is therefore not possible through llama.cpp's API: on
-a CPU that offers AMX, `auto` turns all extra types off (docs/benchmarks.md measures what
-that costs where AMX is absent). Settings:
+So CPU_REPACK is kept on an AMX host by loading a CPU backend built without AMX, which then
+offers CPU_REPACK alone: the images leave the DLC's AMX variant out of its directory
+(`adapter.backends.drop_amx_variants`; ggml's registry then picks the best AMX-free variant),
+and scripts/setup.sh compiles llama.cpp without AMX instructions. Where a backend still
+offers AMX (another build), `auto` turns all extra types off. Settings:
 
 - `auto` (default): extra types on unless the CPU backend offers one that is unsafe (AMX);
 - `plain`: extra types off everywhere (the weights load as the GGUF stores them);
-- `all`: llama.cpp's own default, AMX included (for a llama.cpp with the fix).
+- `all`: llama.cpp's own default, AMX included where the backend offers it.
 
 The decision is taken at model load from what the loaded CPU backend reports (the DLC's
 own libraries too: it applies to builds we do not compile), and checked after the load
@@ -43,17 +48,23 @@ class WeightBufferError(RuntimeError):
 
 @dataclass(frozen=True)
 class CpuBackend:
-    """What llama.cpp's CPU backend reports: the features it was built for (e.g. AVX2=1,
-    AMX_INT8=1) and the extra buffer types it offers for weights, in its preference order."""
+    """What llama.cpp's CPU backend reports: the library it was loaded from (which of a
+    GGML_BACKEND_DL build's per-family variants, e.g. libggml-cpu-icelake.so), the features
+    it was built for (e.g. AVX2=1, AMX_INT8=1) and the extra buffer types it offers for
+    weights, in its preference order; and whether the host CPU has AMX (the kernel's
+    amx_int8 flag): on such a host, a backend that offers no AMX was built without it."""
 
+    library: str
     features: Mapping[str, str]
     extra_buffer_types: tuple[str, ...]
+    host_amx: bool
 
     def describe(self) -> str:
         flags = [
             name if value == "1" else f"{name}={value}" for name, value in self.features.items()
         ]
-        return " ".join(flags) or "none reported"
+        host = "AMX" if self.host_amx else "no AMX"
+        return f"{self.library} (host CPU: {host}), features: {' '.join(flags) or 'none reported'}"
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,8 @@ def choose_buffers(setting: WeightBuffers, cpu: CpuBackend) -> BufferChoice:
     if unsafe:
         reason = (
             f"the CPU backend offers {', '.join(unsafe)}, whose kernels crash "
-            "(llama.cpp#20824); llama.cpp can only turn extra buffer types off together"
+            "(llama.cpp#20824); llama.cpp can only turn extra buffer types off together, "
+            "so a CPU backend built without AMX is what keeps CPU_REPACK"
         )
         return BufferChoice(setting, False, offered, reason)
     return BufferChoice(setting, True, offered, "no unsafe extra buffer type offered")

@@ -1,20 +1,25 @@
-"""`semif-bench-weight-buffers`: what llama.cpp's extra weight buffers are worth on this CPU,
-`SEMIF_WEIGHT_BUFFERS=plain` against `all`, measured in one run.
+"""`semif-bench-weight-buffers`: what llama.cpp's extra weight buffers are worth on this CPU
+and what `SEMIF_WEIGHT_BUFFERS=auto` keeps of them, measured in one run.
 
-Where the CPU offers AMX, `auto` turns every extra buffer type off, CPU_REPACK included
-(adapter/weight_buffers.py: llama.cpp cannot keep one and refuse the other), so the price
-of that safety is the CPU_REPACK speed-up. It exists only for the weight types the repack
-has kernels for (Q4_0, Q4_K, Q8_0, ...; not the embedded model's Q4_1), so the embedded
-model is also requantized with llama.cpp's own quantizer into each type asked for. For each
-type both settings are loaded in turn (ABBA over the rounds, so drift hits both alike),
-and each scores the same prompts from an empty cache: every row is evaluated, as for a new
-state. Prints evaluated tokens/s (median over rounds) and the ratio plain / all per type;
-where the CPU offers AMX, `all` would crash, so `plain` alone is measured there.
+`plain` (no extra buffer type) against `all` (llama.cpp's default) prices the CPU_REPACK
+speed-up, and `auto` is what the adapter loads. Where the CPU backend offers AMX, `auto`
+turns every extra type off, CPU_REPACK included (adapter/weight_buffers.py: llama.cpp
+cannot keep one and refuse the other), and `all` would crash, so it is not measured there.
+The images and scripts/setup.sh give an AMX host a CPU backend built without AMX, which
+offers CPU_REPACK alone; `--simulate-amx-host` reports this CPU as such a host (AMX on the
+host, not in the backend), so `auto` decides here as it does there. The repack exists only
+for the weight types it has kernels for (Q4_0, Q4_K, Q8_0, ...; not the embedded model's
+Q4_1), so the embedded model is also requantized with llama.cpp's own quantizer into each
+type asked for. For each type every setting is loaded in turn (the order reversed every
+other round, so drift hits all alike), and each scores the same prompts from an empty
+cache: every row is evaluated, as for a new state. Prints evaluated tokens/s (median over
+rounds) and the ratios plain / all and auto / all per type.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from collections.abc import Sequence
@@ -24,7 +29,7 @@ import llama_cpp
 
 from adapter.backends import cpu_backend, load_backends
 from adapter.core.engine import LlamaEngine
-from adapter.weight_buffers import WeightBuffers, choose_buffers
+from adapter.weight_buffers import CpuBackend, WeightBuffers, choose_buffers
 from bench.runner import DEFAULT_MODEL_CACHE
 from model_build.embedded import fetch_embedded_model
 
@@ -34,7 +39,7 @@ FILE_TYPES = {
     "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
     "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
 }
-SETTINGS: tuple[WeightBuffers, ...] = ("all", "plain")
+SETTINGS: tuple[WeightBuffers, ...] = ("all", "plain", "auto")
 PROMPTS = 4
 PROMPT_TOKENS = 240  # 4 x 240 rows: one pass, as a new ~250-token state asked 4 questions
 REPEATS = 3  # scored passes per load (the median is kept), after one warm-up pass
@@ -62,9 +67,12 @@ def requantized(source: Path, file_type: str, cache: Path) -> Path:
     return target
 
 
-def measure(gguf: Path, setting: WeightBuffers, threads: int) -> tuple[float, dict[str, float]]:
-    """Load under `setting`, score the prompts REPEATS times from an empty cache; the median
-    evaluated tokens per second and where the weights landed."""
+def measure(
+    gguf: Path, setting: WeightBuffers, cpu: CpuBackend, threads: int
+) -> tuple[float, dict[str, float]]:
+    """Load under `setting`, decided from the report `cpu`, and score the prompts REPEATS
+    times from an empty cache; the median evaluated tokens per second and where the weights
+    landed."""
     engine = LlamaEngine(
         gguf,
         stream_cells=PROMPT_TOKENS + 16,
@@ -72,7 +80,7 @@ def measure(gguf: Path, setting: WeightBuffers, threads: int) -> tuple[float, di
         threads=threads,
         n_gpu_layers=0,
         weight_buffers=setting,
-        cpu=cpu_backend(None),
+        cpu=cpu,
     )
     try:
         body = engine.vocab.tokenize(_TEXT * 8)[:PROMPT_TOKENS]
@@ -100,6 +108,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=4, help="loads per setting and type")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, help="also write the figures here as JSON")
+    parser.add_argument(
+        "--simulate-amx-host",
+        action="store_true",
+        help="report this CPU as an AMX host whose CPU backend was built without AMX",
+    )
     args = parser.parse_args(argv)
     types = args.types.split(",")
     for name in types:
@@ -108,12 +121,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     source = args.gguf or fetch_embedded_model(DEFAULT_MODEL_CACHE)
     load_backends(None)
     cpu = cpu_backend(None)
+    if args.simulate_amx_host:
+        cpu = dataclasses.replace(cpu, host_amx=True)
+    auto = choose_buffers("auto", cpu)
     print(f"CPU backend: {cpu.describe()}; extra buffer types: {cpu.extra_buffer_types}")
+    print(f"auto refuses: {', '.join(auto.refused) or 'none'} ({auto.reason})")
     settings = SETTINGS
-    if not choose_buffers("auto", cpu).use_extra:
-        # `all` would load weights into AMX buffers and crash: measure `plain` alone here.
+    if not auto.use_extra:
+        # `all` would load weights into AMX buffers and crash: it is not measured here.
         print("this CPU backend offers AMX: `all` is not measured (it crashes)")
-        settings = ("plain",)
+        settings = ("plain", "auto")
     figures = {}
     for name in types:
         gguf = requantized(source, name, DEFAULT_MODEL_CACHE)
@@ -122,19 +139,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         for round_index in range(args.rounds):
             order = settings if round_index % 2 == 0 else settings[::-1]
             for setting in order:
-                rate, buffers = measure(gguf, setting, args.threads)
+                rate, buffers = measure(gguf, setting, cpu, args.threads)
                 rates[setting].append(rate)
                 landed[setting] = sorted(buffers)
         medians = {setting: statistics.median(values) for setting, values in rates.items()}
-        ratio = medians["plain"] / medians["all"] if "all" in medians else None
-        figures[name] = {"tokens_per_second": rates, "weights_in": landed, "ratio": ratio}
+        ratios = (
+            {f"{setting}/all": medians[setting] / medians["all"] for setting in ("plain", "auto")}
+            if "all" in medians
+            else {}
+        )
+        figures[name] = {"tokens_per_second": rates, "weights_in": landed, "ratios": ratios}
         line = "  ".join(
             f"{setting} {medians[setting]:7.1f} tok/s (weights in {', '.join(landed[setting])})"
             for setting in settings
         )
-        print(f"{name:7s} {line}" + (f"  plain/all = {ratio:.3f}" if ratio is not None else ""))
+        print("  ".join([f"{name:7s} {line}", *(f"{k} = {v:.3f}" for k, v in ratios.items())]))
     if args.out is not None:
-        args.out.write_text(json.dumps({"cpu": dict(cpu.features), "figures": figures}, indent=2))
+        report = {
+            "cpu_backend": cpu.library,
+            "host_amx": cpu.host_amx,
+            "cpu": dict(cpu.features),
+            "auto_refuses": list(auto.refused),
+            "figures": figures,
+        }
+        args.out.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ backend library of a CUDA image), then starts the image the way SageMaker does
 (`docker run IMAGE serve`, model mounted at /opt/ml/model), waits for `/ping`, checks the
 reported ggml backends, scores one decision and one shared-state pair (the path that needs
 the binding's KV-cache sequence API to match the DLC's libllama), checks the answers, and
-checks that `/metrics` (which SageMaker scrapes) counts the two calls.
+checks that `/metrics` (which SageMaker scrapes) counts the two calls. `/ping` also says
+which CPU backend library and weight buffers the model loaded into; `--weights-in` makes one
+of those buffers required (on an AMX host with a Q4_0 or Q4_K model: CPU_REPACK).
 Build hosts have no GPU: both flavors are served with the CPU backend here (a CUDA image
 with `--env SEMIF_N_GPU_LAYERS=0`), which still runs the image's own libllama.
 stdlib only: it runs on the CodeBuild host, not in the image. Exit status 0 means the
@@ -184,6 +186,17 @@ def check_backends(ping: dict[str, Any], expected: str) -> list[str]:
     return backends
 
 
+def check_weights(ping: dict[str, Any], required: str) -> Any:
+    """What /ping says about the weights' buffers (the CPU backend library, the buffer types
+    offered, refused and used), and, where a buffer type is `required`, that the weights
+    landed in it."""
+    weights = (ping.get("serving") or {}).get("weight_buffers")
+    landed = weights.get("weights_in", []) if isinstance(weights, dict) else []
+    if required and required not in landed:
+        raise SmokeError(f"the weights are not in {required} buffers: {str(weights)[:300]}")
+    return weights
+
+
 def check_decision(answer: dict[str, Any]) -> list[float]:
     result = answer.get("result")
     if not isinstance(result, dict):
@@ -301,6 +314,7 @@ def smoke(
     timeout_s: float,
     env: Sequence[str] = (),
     require_file: str = "",
+    weights_in: str = "",
 ) -> None:
     check_entrypoint(image)
     library = check_file(image, require_file) if require_file else None
@@ -309,6 +323,7 @@ def smoke(
         url = base_url(container)
         ping = wait_for_ping(url, container, timeout_s)
         backends = check_backends(ping, backend)
+        weights = check_weights(ping, weights_in)
         status, answer = invoke(url, container, DECISION)
         if status != 200:
             raise SmokeError(f"/invocations answered {status}: {str(answer)[:300]}")
@@ -326,6 +341,7 @@ def smoke(
         report = {
             "smoke": "passed",
             "backends": backends,
+            "weight_buffers": weights,
             "probabilities": probabilities,
             "decision_calls_counted": counted,
             "json_lines_statuses": line_statuses,
@@ -345,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", required=True, help="ggml backend /ping must report")
     parser.add_argument("--env", default="", help="KEY=VALUE ... passed to the container")
     parser.add_argument("--require-file", default="", help="a glob that must match in the image")
+    parser.add_argument(
+        "--weights-in", default="", help="a buffer type the weights must load into (CPU_REPACK)"
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /ping")
     args = parser.parse_args(argv)
     try:
@@ -355,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.timeout,
             env=parse_env(args.env),
             require_file=args.require_file,
+            weights_in=args.weights_in,
         )
     except SmokeError as error:
         print(f"image smoke test failed: {error}", file=sys.stderr)

@@ -161,7 +161,7 @@ class WeightPlacement:
         buffers = ", ".join(f"{name} {mib:.1f} MiB" for name, mib in self.landed.items())
         refused = ", ".join(self.choice.refused) or "none"
         return (
-            f"llama.cpp CPU features: {self.cpu.describe()}; extra weight buffer types "
+            f"llama.cpp CPU backend: {self.cpu.describe()}; extra weight buffer types "
             f"offered: {', '.join(self.choice.offered) or 'none'}; refused: {refused} "
             f"(SEMIF_WEIGHT_BUFFERS={self.choice.setting}: {self.choice.reason}); weights "
             f"in: {buffers or 'not reported'}"
@@ -170,6 +170,8 @@ class WeightPlacement:
     def summary(self) -> dict[str, object]:
         return {
             "setting": self.choice.setting,
+            "cpu_backend": self.cpu.library,
+            "host_amx": self.cpu.host_amx,
             "offered": list(self.choice.offered),
             "refused": list(self.choice.refused),
             "weights_in": sorted(self.landed),

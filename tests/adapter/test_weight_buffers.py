@@ -3,19 +3,33 @@
 The policy runs on every machine with the CPU backend's report stubbed (AMX offered or
 not), asserting what the engine passes to llama.cpp; on this machine's real backend a
 quantized tiny model shows the parameter reaches llama.cpp (weights land in CPU_REPACK or
-not) and that the load log is read back.
+not) and that the load log is read back. The ways an AMX host gets a backend without AMX
+are checked with stand-in libraries (the images leave the AMX variant out) and the
+compiler (scripts/setup.sh's flags).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, ClassVar
 
 import llama_cpp
 import pytest
 
-from adapter.backends import cpu_backend, load_backends
+from adapter.backends import (
+    BackendLoadError,
+    amx_libraries,
+    bundled_lib_dir,
+    cpu_backend,
+    drop_amx_variants,
+    host_has_amx,
+    load_backends,
+)
 from adapter.core.engine import LlamaEngine
 from adapter.core.native import restrict_weight_buffers
 from adapter.runtime import load_service
@@ -27,16 +41,26 @@ from adapter.weight_buffers import (
     check_landed,
     choose_buffers,
 )
-from tests.support.cpus import ICE_LAKE, SAPPHIRE_RAPIDS
+from tests.support.cpus import (
+    ICE_LAKE,
+    SAPPHIRE_RAPIDS,
+    SAPPHIRE_RAPIDS_WITHOUT_AMX,
+    write_ggml_library,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+NO_BACKEND = CpuBackend(library="none", features={}, extra_buffer_types=(), host_amx=False)
 
 
 @pytest.mark.parametrize(
     ("setting", "cpu", "use_extra", "refused"),
     [
         ("auto", SAPPHIRE_RAPIDS, False, ("AMX", "CPU_REPACK")),
+        ("auto", SAPPHIRE_RAPIDS_WITHOUT_AMX, True, ()),  # the AMX host keeps the repack
         ("auto", ICE_LAKE, True, ()),
-        ("auto", CpuBackend(features={}, extra_buffer_types=()), True, ()),
+        ("auto", NO_BACKEND, True, ()),
         ("plain", ICE_LAKE, False, ("CPU_REPACK",)),
+        ("plain", SAPPHIRE_RAPIDS_WITHOUT_AMX, False, ("CPU_REPACK",)),
         ("all", SAPPHIRE_RAPIDS, True, ()),
     ],
 )
@@ -104,6 +128,8 @@ def test_the_engine_passes_the_choice_to_llama_cpp(
         weights = engine.description()["weight_buffers"]
         assert weights == {
             "setting": setting,
+            "cpu_backend": cpu.library,
+            "host_amx": cpu.host_amx,
             "offered": list(cpu.extra_buffer_types),
             "refused": [] if passed else list(cpu.extra_buffer_types),
             "weights_in": ["CPU"],  # read from llama.cpp's load log (f32: nothing repacks)
@@ -112,26 +138,49 @@ def test_the_engine_passes_the_choice_to_llama_cpp(
         engine.close()
 
 
+@pytest.mark.parametrize(
+    ("cpu", "passed", "said"),
+    [
+        (
+            SAPPHIRE_RAPIDS,
+            False,
+            "llama.cpp CPU backend: libggml-cpu-sapphirerapids.so (host CPU: AMX), features: "
+            "AVX512 AMX_INT8 AMX_BF16 REPACK; extra weight buffer types offered: AMX, "
+            "CPU_REPACK; refused: AMX, CPU_REPACK (SEMIF_WEIGHT_BUFFERS=auto: the CPU backend "
+            "offers AMX, whose kernels crash",
+        ),
+        (
+            SAPPHIRE_RAPIDS_WITHOUT_AMX,
+            True,
+            "llama.cpp CPU backend: libggml-cpu-zen4.so (host CPU: AMX), features: AVX512 "
+            "AVX512_VBMI AVX512_BF16 REPACK; extra weight buffer types offered: CPU_REPACK; "
+            "refused: none (SEMIF_WEIGHT_BUFFERS=auto: no unsafe extra buffer type offered)",
+        ),
+    ],
+)
 def test_the_server_applies_the_setting_and_logs_placement_before_the_probe(
     tiny_model_dir: Path,
     load_parameters: list[bool],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    cpu: CpuBackend,
+    passed: bool,
+    said: str,
 ) -> None:
-    monkeypatch.setattr("adapter.runtime.cpu_backend", lambda lib_dir: SAPPHIRE_RAPIDS)
+    monkeypatch.setattr("adapter.runtime.cpu_backend", lambda lib_dir: cpu)
     with caplog.at_level(logging.INFO, logger="adapter"):
         service = load_service(Settings(model_dir=tiny_model_dir, threads=2))
     try:
-        assert load_parameters == [False]
+        assert load_parameters == [passed]
         messages = [record.getMessage() for record in caplog.records]
         [placement] = [index for index, text in enumerate(messages) if "weights in:" in text]
         [probe] = [index for index, text in enumerate(messages) if "probe decision" in text]
         assert placement < probe
         line = messages[placement]
-        assert "llama.cpp CPU features: AVX512 AMX_INT8 AMX_BF16 REPACK;" in line
-        assert "offered: AMX, CPU_REPACK; refused: AMX, CPU_REPACK" in line
-        assert "(SEMIF_WEIGHT_BUFFERS=auto: the CPU backend offers AMX" in line
+        assert line.startswith(said)
         assert "weights in: CPU " in line
+        weights = service.model["serving"]["weight_buffers"]
+        assert (weights["cpu_backend"], weights["host_amx"]) == (cpu.library, True)
     finally:
         service.close(wait_seconds=5.0)
 
@@ -193,7 +242,7 @@ def test_the_choice_decides_where_real_weights_land(q4_0_gguf: Path) -> None:
     cpu = cpu_backend(None)
     if "CPU_REPACK" not in cpu.extra_buffer_types:
         pytest.skip("this CPU backend offers no CPU_REPACK buffers")
-    unsafe_free = CpuBackend(features=cpu.features, extra_buffer_types=("CPU_REPACK",))
+    unsafe_free = dataclasses.replace(cpu, extra_buffer_types=("CPU_REPACK",))
     landed: dict[str, set[str]] = {}
     first_logit: dict[str, float] = {}
     for setting in ("all", "plain"):
@@ -207,3 +256,109 @@ def test_the_choice_decides_where_real_weights_land(q4_0_gguf: Path) -> None:
     assert landed["plain"] == {"CPU"}
     # The same weights in another layout: the scores agree closely (not bitwise).
     assert first_logit["all"] == pytest.approx(first_logit["plain"], rel=1e-3)
+
+
+def test_the_report_names_the_library_the_cpu_backend_was_loaded_from() -> None:
+    load_backends(None)
+    cpu = cpu_backend(None)
+    assert cpu.library.startswith("libggml-cpu")
+    assert (bundled_lib_dir() / cpu.library).is_file()
+    # A backend that offers AMX is one the build-time check finds (both are False here).
+    assert ("AMX" in cpu.extra_buffer_types) <= bool(amx_libraries(bundled_lib_dir()))
+
+
+# -- an AMX host with a CPU backend built without AMX ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "has_amx"),
+    [
+        ("fpu avx512f avx512_vnni amx_bf16 amx_tile amx_int8 arch_lbr", True),
+        ("fpu avx512f avx512_vnni amx_bf16 amx_tile", False),  # not the INT8 ggml needs
+        ("fpu avx512f avx512_vnni", False),
+    ],
+)
+def test_the_host_amx_flag_is_the_kernels_cpu_report(
+    tmp_path: Path, flags: str, has_amx: bool
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\n\n")
+    assert host_has_amx(cpuinfo) is has_amx
+    assert host_has_amx(tmp_path / "absent") is False  # not Linux: no AMX claimed
+
+
+@pytest.fixture
+def dlc_lib_dir(tmp_path: Path) -> Path:
+    """A GGML_BACKEND_DL directory as the DLC ships it: ggml's libraries and one CPU backend
+    variant per family, the Sapphire Rapids one built with AMX."""
+    for name in ("libggml.so", "libggml-base.so", "libggml-cpu-icelake.so", "libggml-cpu-zen4.so"):
+        write_ggml_library(tmp_path / name, amx=False)
+    write_ggml_library(tmp_path / "libggml-cpu-sapphirerapids.so", amx=True)
+    return tmp_path
+
+
+def test_the_image_build_leaves_out_the_cpu_variants_built_with_amx(dlc_lib_dir: Path) -> None:
+    (dlc_lib_dir / "libggml-rpc.so").touch()  # an empty file cannot be mapped: no AMX
+    assert amx_libraries(dlc_lib_dir) == [dlc_lib_dir / "libggml-cpu-sapphirerapids.so"]
+    (dlc_lib_dir / "libggml-rpc.so").unlink()
+    assert drop_amx_variants(dlc_lib_dir) == ["libggml-cpu-sapphirerapids.so"]
+    assert sorted(path.name for path in dlc_lib_dir.iterdir()) == [
+        "libggml-base.so",
+        "libggml-cpu-icelake.so",
+        "libggml-cpu-zen4.so",
+        "libggml.so",
+    ]
+    assert drop_amx_variants(dlc_lib_dir) == []  # a second run finds nothing left to do
+
+
+@pytest.mark.parametrize(
+    ("amx_names", "error"),
+    [
+        (["libggml-cpu-zen4.so", "libggml-cpu-icelake.so"], "none would be left"),
+        (["libggml-cpu.so"], r"libggml-cpu\.so in .* are not CPU backend variants"),
+    ],
+)
+def test_the_image_build_fails_rather_than_keep_amx_or_lose_the_cpu(
+    dlc_lib_dir: Path, amx_names: list[str], error: str
+) -> None:
+    """No AMX-free variant left, or AMX in a library the registry always loads: the build
+    stops, deleting nothing."""
+    for name in amx_names:
+        write_ggml_library(dlc_lib_dir / name, amx=True)
+    before = sorted(dlc_lib_dir.iterdir())
+    with pytest.raises(BackendLoadError, match=error):
+        drop_amx_variants(dlc_lib_dir)
+    assert sorted(dlc_lib_dir.iterdir()) == before
+
+
+def _setup_sh_flags() -> list[str]:
+    match = re.search(r'no_amx="([^"]+)"', (REPO / "scripts" / "setup.sh").read_text())
+    assert match is not None, "scripts/setup.sh sets no no_amx flags"
+    return match.group(1).split()
+
+
+def _amx_macros(flags: list[str]) -> set[str]:
+    """The AMX macros the C compiler defines with `flags` (what ggml's AMX code tests)."""
+    compiler = shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    result = subprocess.run(
+        [compiler, *flags, "-dM", "-E", "-x", "c", "/dev/null"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"this compiler cannot target Sapphire Rapids: {result.stderr.strip()}")
+    return set(re.findall(r"#define (__AMX_\w+__)", result.stdout))
+
+
+def test_the_source_build_flags_compile_no_amx_even_for_an_amx_cpu() -> None:
+    """setup.sh's flags beside -march=sapphirerapids, what -march=native means on a c7i, in
+    either order (ggml puts its -march after the flags CFLAGS gives): no AMX macro, so ggml
+    compiles neither the AMX kernels nor the AMX buffer type (its GGML_AMX_* options act
+    only when GGML_NATIVE is off)."""
+    amx_cpu = ["-march=sapphirerapids"]
+    assert "__AMX_INT8__" in _amx_macros(amx_cpu)  # the control: AMX is what -march gives
+    assert _amx_macros([*_setup_sh_flags(), *amx_cpu]) == set()
+    assert _amx_macros([*amx_cpu, *_setup_sh_flags()]) == set()
