@@ -6,6 +6,11 @@ endpoint's config or image changes (its properties name them). The handler
 (`endpoint_probe/handler.py`) sends the request body it is given (the stacks pass the same
 files `semif check` sends, `client/examples/check-*.json`) and checks the answer as the
 probe kind asks.
+
+The decision check then waits up to `SERIES_WAIT` for the endpoint's container series to
+reach CloudWatch, and warns in its result (never fails) when they do not: PromQL alarms
+that match no series stay OK forever. It is given the names of the PromQL alarms of its
+stack that select this endpoint, found at synth time, so the warning can name them.
 """
 
 from __future__ import annotations
@@ -16,20 +21,35 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import ArnFormat, Aws, CustomResource, Duration, Stack
+import jsii
+from aws_cdk import (
+    ArnFormat,
+    Aspects,
+    Aws,
+    CfnResource,
+    CustomResource,
+    Duration,
+    IAspect,
+    Stack,
+)
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import custom_resources as cr
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from cdk_constructs.deploy_roles import allow_logging, machinery_logs
-from cdk_constructs.nag import acknowledge_provider_invokes
+from cdk_constructs.endpoint_operations import ENDPOINT_LABEL
+from cdk_constructs.nag import acknowledge, acknowledge_provider_invokes
 from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
 
 HANDLER_DIR = Path(__file__).parent / "endpoint_probe"
 RESOURCE_TYPE = "Custom::EndpointCheck"
-HANDLER_TIMEOUT = Duration.minutes(5)
+# The probe's retries, then the wait for the container series, inside one invocation.
+HANDLER_TIMEOUT = Duration.minutes(10)
+# Three publish periods at the default 60 s (Observability), once the first call answered.
+SERIES_WAIT = Duration.minutes(3)
 
 
 class Probe(enum.Enum):
@@ -37,6 +57,29 @@ class Probe(enum.Enum):
 
     DECISION = "decision"
     CHAT = "chat"
+
+
+@jsii.implements(IAspect)
+class _NamePromQLAlarms:
+    """Before synthesis, when every alarm of the stack exists: give the check the names of
+    its stack's PromQL alarms whose query selects `endpoint_name`'s series."""
+
+    def __init__(self, resource: CfnResource, endpoint_name: str) -> None:
+        self._resource = resource
+        self._selector = f'"{ENDPOINT_LABEL}"="{endpoint_name}"'
+
+    def visit(self, node: IConstruct) -> None:
+        if node.node.path != self._resource.node.path:
+            return
+        names = []
+        for alarm in Stack.of(node).node.find_all():
+            if not isinstance(alarm, cloudwatch.CfnAlarm):
+                continue
+            criteria = alarm.evaluation_criteria
+            promql = getattr(criteria, "prom_ql_criteria", None)
+            if self._selector in str(getattr(promql, "query", "")):
+                names.append(alarm.ref)
+        self._resource.add_property_override("PromQLAlarms", names)
 
 
 class EndpointCheck(Construct):
@@ -78,6 +121,19 @@ class EndpointCheck(Construct):
         role.add_to_policy(
             iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=[Aws.STACK_ID])
         )
+        series: dict[str, Any] = {}
+        if probe is Probe.DECISION:
+            # GetSeries (CloudWatch's PromQL API) is authorized as ListMetrics.
+            role.add_to_policy(
+                iam.PolicyStatement(actions=["cloudwatch:ListMetrics"], resources=["*"])
+            )
+            acknowledge(
+                role,
+                "AwsSolutions-IAM5[Resource::*]",
+                "cloudwatch:ListMetrics (what CloudWatch's PromQL GetSeries asks) has no "
+                "resource-level permissions; it reads metric names and labels only.",
+            )
+            series = {"SeriesWaitSeconds": SERIES_WAIT.to_seconds()}
         framework_role = iam.Role(
             self,
             "FrameworkRole",
@@ -115,9 +171,14 @@ class EndpointCheck(Construct):
                 "Body": json.dumps(body, separators=(",", ":")),
                 # A new config (image, model, settings) is a new name: the check runs again.
                 "EndpointConfigName": endpoint.endpoint_config.attr_endpoint_config_name,
+                **series,
             },
         )
         self.resource.node.add_dependency(endpoint.endpoint)
+        if probe is Probe.DECISION:
+            resource = self.resource.node.default_child
+            assert isinstance(resource, CfnResource)
+            Aspects.of(resource).add(_NamePromQLAlarms(resource, endpoint.endpoint_name))
         self.resource.node.add_dependency(role)
 
     @property

@@ -1,17 +1,22 @@
-"""One CloudWatch dashboard per decision endpoint, named like the endpoint.
+"""One CloudWatch dashboard per endpoint, named like the endpoint.
 
 It shows what SageMaker counts at the front door (invocations, errors, latency, requests in
 the container, instances), the state of every alarm on the endpoint, and the container's own
-signals (queue, batch fill, prefix hit ratio, abstention rate) as PromQL. Those signals reach
-CloudWatch through detailed observability's OpenTelemetry path, where only PromQL reads
-them, and a dashboard body has no documented PromQL widget (aws-cdk-lib has none either), so
-the dashboard lists each query with the endpoint's label filled in, ready for Query Studio;
-the two signal alarms evaluate theirs and show their state next to the others.
+signals as PromQL: the adapter's queue, batch fill, prefix hit ratio, scoring speed, 429s and
+503s on a decision endpoint (`decision_queries`), llama-server's slots and token speeds on
+the standard one (`standard_queries`). Those signals reach CloudWatch through detailed
+observability's OpenTelemetry path, where only PromQL reads them, and a dashboard body has
+no documented PromQL widget (aws-cdk-lib has none either), so the dashboard lists each query
+with the endpoint's label filled in, ready for Query Studio; the PromQL alarms evaluate
+theirs and show their state next to the others.
+
+Latency is drawn here and alarmed on nowhere: under admission control a decision request's
+queue wait is part of `ModelLatency` by design.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -23,6 +28,11 @@ from cdk_constructs.endpoint_operations import (
     PERIOD,
     SIGNAL_WINDOW,
     endpoint_selector,
+    median_allowed_token_mass,
+    refused_share,
+    seconds_per_decoded_row,
+    signal_rate,
+    unavailable_share,
 )
 from cdk_constructs.sagemaker_endpoint import VARIANT_NAME
 
@@ -31,38 +41,81 @@ GRAPH_WIDTH = 8
 GRAPH_HEIGHT = 6
 
 
-def container_queries(endpoint_name: str) -> dict[str, str]:
-    """The PromQL for the operator's questions about one endpoint's container, by title."""
-    window = SIGNAL_WINDOW
+def _by_cause(endpoint_name: str, metric: str) -> str:
+    return f"sum by (cause) (rate({metric}{endpoint_selector(endpoint_name)}[{SIGNAL_WINDOW}]))"
 
-    def rate(metric: str, *matchers: str) -> str:
-        return f"sum(rate({metric}{endpoint_selector(endpoint_name, *matchers)}[{window}]))"
 
-    where = endpoint_selector(endpoint_name)
-    reused = rate("semif_prompt_tokens_total", 'source="reused"')
-    read = rate("semif_prompt_tokens_total", 'source=~"reused|evaluated"')
-    choices = rate("semif_questions_total", 'kind="choice"')
+def decision_queries(endpoint_name: str) -> dict[str, str]:
+    """The PromQL for the operator's questions about one decision endpoint's adapter, by
+    title (the alarms' own expressions among them, so the dashboard reads what they read)."""
+    name = endpoint_name
+    where = endpoint_selector(name)
+    reused = signal_rate(name, "semif_prompt_tokens_total", 'source="reused"')
+    read = signal_rate(name, "semif_prompt_tokens_total", 'source=~"reused|evaluated"')
+    choices = signal_rate(name, "semif_questions_total", 'kind="choice"')
     return {
         "Requests waiting for the worker": f"sum(semif_queue_depth{where})",
         "Requests admitted and not yet answered": f"sum(semif_in_flight_requests{where})",
         "p95 queue wait (seconds)": (
             "histogram_quantile(0.95, sum by (le) "
-            f"(rate(semif_queue_wait_seconds_bucket{where}[{window}])))"
+            f"(rate(semif_queue_wait_seconds_bucket{where}[{SIGNAL_WINDOW}])))"
         ),
         "Batch fill (requests per pass)": (
-            f"{rate('semif_pass_requests_sum')} / {rate('semif_pass_requests_count')}"
+            f"{signal_rate(name, 'semif_pass_requests_sum')} / "
+            f"{signal_rate(name, 'semif_pass_requests_count')}"
+        ),
+        "Seconds per decoded row, per instance (scoring speed; the ScoringSpeed alarm)": (
+            seconds_per_decoded_row(name)
+        ),
+        "Median allowed-token mass, per instance (the LetterMass alarm)": (
+            median_allowed_token_mass(name)
         ),
         "Prefix hit ratio (reused / input tokens)": f"{reused} / {read}",
-        "Abstention rate (of choice questions)": f"{rate('semif_abstentions_total')} / {choices}",
-        "503s a second, by cause": (
-            f"sum by (cause) (rate(semif_unavailable_total{where}[{window}]))"
+        "Abstention rate (of choice questions)": (
+            f"{signal_rate(name, 'semif_abstentions_total')} / {choices}"
+        ),
+        "Refused share (429: load, retried by the caller; a capacity signal, not paged)": (
+            refused_share(name)
+        ),
+        "429s a second, by cause": _by_cause(name, "semif_refused_total"),
+        "Unavailable share (503: failures; the Unavailable alarm)": unavailable_share(name),
+        "503s a second, by cause": _by_cause(name, "semif_unavailable_total"),
+    }
+
+
+def standard_queries(endpoint_name: str) -> dict[str, str]:
+    """The PromQL for llama-server's own metrics (`--metrics`, `llamacpp:*`) on the standard
+    endpoint, by title: its slots, and its prompt and generation speeds per instance."""
+    name = endpoint_name
+    where = endpoint_selector(name)
+
+    def per_token(seconds: str, tokens: str) -> str:
+        return (
+            f"{signal_rate(name, seconds, per_instance=True)} / "
+            f"{signal_rate(name, tokens, per_instance=True)}"
+        )
+
+    return {
+        "Requests in a slot (llamacpp:requests_processing)": (
+            f"sum(llamacpp:requests_processing{where})"
+        ),
+        "Requests waiting for a slot (llamacpp:requests_deferred)": (
+            f"sum(llamacpp:requests_deferred{where})"
+        ),
+        "Prompt tokens a second": signal_rate(name, "llamacpp:prompt_tokens_total"),
+        "Generated tokens a second": signal_rate(name, "llamacpp:tokens_predicted_total"),
+        "Seconds per prompt token, per instance": per_token(
+            "llamacpp:prompt_seconds_total", "llamacpp:prompt_tokens_total"
+        ),
+        "Seconds per generated token, per instance": per_token(
+            "llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total"
         ),
     }
 
 
-class DecisionDashboard(Construct):
+class EndpointDashboard(Construct):
     """The dashboard `endpoint_name` gets: three graphs of SageMaker's own metrics, an
-    instance count, the alarms' states, and the container's PromQL."""
+    instance count, the alarms' states, and the container's PromQL (`queries`, by title)."""
 
     def __init__(
         self,
@@ -71,6 +124,7 @@ class DecisionDashboard(Construct):
         *,
         endpoint_name: str,
         alarms: Sequence[cloudwatch.IAlarm],
+        queries: Mapping[str, str],
     ) -> None:
         super().__init__(scope, construct_id)
         dimensions = {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}
@@ -120,7 +174,6 @@ class DecisionDashboard(Construct):
         alarm_states = cloudwatch.AlarmStatusWidget(
             title="Alarms", alarms=list(alarms), width=WIDTH, height=4
         )
-        queries = container_queries(endpoint_name)
         lines = [
             f"## The container's signals ({SIGNAL_WINDOW} windows)",
             "Paste a query into CloudWatch Query Studio (PromQL). The container serves them "

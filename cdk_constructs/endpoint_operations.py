@@ -1,10 +1,14 @@
 """What keeps an endpoint healthy once deployed: target-tracking scaling and alarms.
 
 Every alarm notifies the environment's topic when it fires and when it clears. The alarms
-name the endpoint by its fixed name, so they exist before it: the 5XX and latency alarms
-are the endpoint's automatic-rollback alarms during a blue/green update. An asynchronous
-endpoint scales on its queue instead, down to zero instances, and alarms on the age of its
-oldest queued request (`AsyncEndpointAutoscaling`, `AsyncEndpointAlarms`).
+name the endpoint by its fixed name, so they exist before it, and some of them are the
+endpoint's automatic-rollback alarms during a blue/green update. Those read failures and
+model regressions only, never load: the 5XX rate (the adapter answers load with a 429),
+and the model's scoring speed and letter mass from its own `/metrics`. Latency is not
+alarmed on: under admission control a request's queue wait is part of `ModelLatency` by
+design, and the adapter's own deadline already bounds it. An asynchronous endpoint scales
+on its queue instead, down to zero instances, rolls back on failed invocations, and alarms
+on the age of its oldest queued request (`AsyncEndpointAutoscaling`, `AsyncEndpointAlarms`).
 """
 
 from __future__ import annotations
@@ -41,24 +45,17 @@ class Autoscaling:
 
 @dataclass(frozen=True, kw_only=True)
 class AlarmThresholds:
-    """When an endpoint's alarms fire. Latency is SageMaker's ModelLatency (microseconds)."""
+    """When an endpoint's metric alarms fire: the 5XX rate (failures only, since load is a
+    429) and the instances' health. No latency threshold: see the module docstring."""
 
     five_xx_rate_percent: float = 1.0
-    p95_model_latency_ms: int = 2000
     max_memory_utilization_percent: float = 90.0
     max_disk_utilization_percent: float = 90.0
     max_gpu_memory_utilization_percent: float = 90.0  # GPU placements only
 
     def __post_init__(self) -> None:
-        require(
-            0 < self.five_xx_rate_percent <= 100,
-            f"alarms.five_xx_rate_percent: {self.five_xx_rate_percent} is outside (0, 100]",
-        )
-        require(
-            self.p95_model_latency_ms > 0,
-            f"alarms.p95_model_latency_ms: {self.p95_model_latency_ms} must be > 0",
-        )
         for name in (
+            "five_xx_rate_percent",
             "max_memory_utilization_percent",
             "max_disk_utilization_percent",
             "max_gpu_memory_utilization_percent",
@@ -80,6 +77,20 @@ INVOCATION_NAMESPACE = "AWS/SageMaker"
 INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
 # An alarm to make: construct id suffix, what it watches, the metric, the threshold.
 Check = tuple[str, str, cloudwatch.IMetric, float]
+# How long a rollback alarm takes to fire once a regression starts, which a blue/green
+# update's bake (`Rollout.wait_interval_seconds`, the only time SageMaker watches the alarms)
+# must cover: a metric alarm needs DATAPOINTS_TO_ALARM breaching minutes, and SageMaker's
+# one-minute metrics reach CloudWatch up to about two minutes late; a PromQL alarm needs its
+# pending period, one evaluation and one publication of the container's metrics.
+METRIC_DELAY_SECONDS = 120
+METRIC_ALARM_SECONDS = DATAPOINTS_TO_ALARM * int(PERIOD.to_seconds()) + METRIC_DELAY_SECONDS
+PROMQL_PENDING = Duration.minutes(5)
+
+
+def promql_alarm_seconds(publish_frequency_seconds: int) -> int:
+    """How long a PromQL rollback alarm takes to fire when the container's metrics are
+    published every `publish_frequency_seconds` (MetricsConfig)."""
+    return int(PROMQL_PENDING.to_seconds() + PERIOD.to_seconds()) + publish_frequency_seconds
 
 
 def variant_target(
@@ -141,13 +152,14 @@ class EndpointAutoscaling(Construct):
 
 
 class EndpointAlarms(Construct):
-    """5XX rate, p95 model latency and instance health (memory, disk, and GPU memory on GPU
-    placements) for one variant, each with alarm and OK actions on `topic`.
+    """5XX rate and instance health (memory, disk, and GPU memory on GPU placements) for
+    one variant, each with alarm and OK actions on `topic`.
 
     With GPU instance pools SageMaker adds an `InstanceType` dimension, so the alarms are
     repeated for each pool type next to the variant-wide set; the types not chosen stay
-    without data, which counts as not breaching. `rollback_alarms` are the 5XX and latency
-    alarms, for the endpoint's blue/green auto-rollback.
+    without data, which counts as not breaching. `rollback_alarms` are the 5XX alarms (one
+    per pool type with pools, whose metrics carry InstanceType, else the variant's): a
+    failure, never load, since the adapter answers load with 429.
     """
 
     def __init__(
@@ -169,55 +181,55 @@ class EndpointAlarms(Construct):
             dimensions = base if instance_type is None else {**base, "InstanceType": instance_type}
             label = "" if instance_type is None else f" on {instance_type}"
             prefix = "Variant" if instance_type is None else instance_type.replace(".", "")
-            alarms = self._alarm_set(prefix, label, dimensions, thresholds, gpu)
-            self.alarms += alarms
-            # Rollback watches the per-type 5XX and latency alarms when there are pools (their
-            # metrics carry InstanceType), else the variant's: 2 x at most 5 pools fits
-            # SageMaker's 10 rollback alarms.
-            if (instance_type is None) == (not instance_types):
-                self.rollback_alarms += alarms[:2]  # 5XX rate and latency
-        action = cloudwatch_actions.SnsAction(topic)
-        for alarm in self.alarms:
-            alarm.add_alarm_action(action)
-            alarm.add_ok_action(action)
-
-    def _alarm_set(
-        self,
-        prefix: str,
-        label: str,
-        dimensions: dict[str, str],
-        thresholds: AlarmThresholds,
-        gpu: bool,
-    ) -> list[cloudwatch.Alarm]:
-        def metric(namespace: str, name: str, statistic: str) -> cloudwatch.Metric:
-            return cloudwatch.Metric(
-                namespace=namespace,
-                metric_name=name,
-                dimensions_map=dimensions,
-                statistic=statistic,
-                period=PERIOD,
+            failures, *health = _threshold_alarms(
+                self,
+                prefix,
+                label,
+                [
+                    _five_xx_check(dimensions, thresholds.five_xx_rate_percent),
+                    *_health_checks(dimensions, thresholds, gpu),
+                ],
             )
+            self.alarms += [failures, *health]
+            if (instance_type is None) == (not instance_types):
+                self.rollback_alarms.append(failures)
+        _notify(self.alarms, topic)
 
-        error_rate = cloudwatch.MathExpression(
-            expression="IF(invocations > 0, 100 * FILL(errors, 0) / invocations, 0)",
-            using_metrics={
-                "errors": metric(INVOCATION_NAMESPACE, "Invocation5XXErrors", "Sum"),
-                "invocations": metric(INVOCATION_NAMESPACE, "Invocations", "Sum"),
-            },
-            period=PERIOD,
-            label="5XX error rate (%)",
-        )
-        checks: list[Check] = [
-            ("5xx", "5XX error rate (%)", error_rate, thresholds.five_xx_rate_percent),
-            (
-                "Latency",
-                "p95 ModelLatency (microseconds)",
-                metric(INVOCATION_NAMESPACE, "ModelLatency", "p95"),
-                thresholds.p95_model_latency_ms * 1000.0,
-            ),
-            *_health_checks(dimensions, thresholds, gpu),
-        ]
-        return _threshold_alarms(self, prefix, label, checks)
+
+def _metric(
+    namespace: str, name: str, dimensions: dict[str, str], statistic: str
+) -> cloudwatch.Metric:
+    """One of SageMaker's metrics, a minute at a time."""
+    return cloudwatch.Metric(
+        namespace=namespace,
+        metric_name=name,
+        dimensions_map=dimensions,
+        statistic=statistic,
+        period=PERIOD,
+    )
+
+
+def _notify(alarms: Sequence[cloudwatch.AlarmBase], topic: sns.ITopic) -> None:
+    """Alarm and OK actions on `topic`: whoever it reaches hears both."""
+    action = cloudwatch_actions.SnsAction(topic)
+    for alarm in alarms:
+        alarm.add_alarm_action(action)
+        alarm.add_ok_action(action)
+
+
+def _five_xx_check(dimensions: dict[str, str], percent: float) -> Check:
+    """The share of invocations the container answered 5XX (no invocations: 0)."""
+
+    error_rate = cloudwatch.MathExpression(
+        expression="IF(invocations > 0, 100 * FILL(errors, 0) / invocations, 0)",
+        using_metrics={
+            name: _metric(INVOCATION_NAMESPACE, metric, dimensions, "Sum")
+            for name, metric in (("errors", "Invocation5XXErrors"), ("invocations", "Invocations"))
+        },
+        period=PERIOD,
+        label="5XX error rate (%)",
+    )
+    return ("5xx", "5XX error rate (%)", error_rate, percent)
 
 
 def _health_checks(
@@ -227,13 +239,7 @@ def _health_checks(
     SageMaker publishes as the endpoint's role."""
 
     def metric(name: str) -> cloudwatch.Metric:
-        return cloudwatch.Metric(
-            namespace=INSTANCE_NAMESPACE,
-            metric_name=name,
-            dimensions_map=dimensions,
-            statistic="Maximum",
-            period=PERIOD,
-        )
+        return _metric(INSTANCE_NAMESPACE, name, dimensions, "Maximum")
 
     checks: list[Check] = [
         (
@@ -284,10 +290,14 @@ def _threshold_alarms(
 
 # SageMaker's queue metrics of an asynchronous endpoint (namespace AWS/SageMaker, dimension
 # EndpointName only): requests queued or in progress per instance; 1 while requests wait
-# and no instance runs; the age of the oldest queued request (seconds).
+# and no instance runs; the age of the oldest queued request (seconds). And its failed
+# invocations (dimensions EndpointName and VariantName; an asynchronous endpoint publishes
+# no `Invocations`, so no 5XX rate): any cause, the container's error answer, a timeout,
+# the request not read from S3 or the answer not written.
 BACKLOG_PER_INSTANCE_METRIC = "ApproximateBacklogSizePerInstance"
 BACKLOG_WITHOUT_CAPACITY_METRIC = "HasBacklogWithoutCapacity"
 OLDEST_REQUEST_AGE_METRIC = "ApproximateAgeOfOldestRequest"
+FAILED_INVOCATIONS_METRIC = "InvocationFailures"
 # SageMaker's example policy for asynchronous endpoints: scale in after 10 quiet minutes,
 # out again after 5.
 ASYNC_SCALE_IN_COOLDOWN = Duration.minutes(10)
@@ -295,13 +305,7 @@ ASYNC_SCALE_OUT_COOLDOWN = Duration.minutes(5)
 
 
 def _queue_metric(endpoint_name: str, name: str, statistic: str) -> cloudwatch.Metric:
-    return cloudwatch.Metric(
-        namespace=INVOCATION_NAMESPACE,
-        metric_name=name,
-        dimensions_map={"EndpointName": endpoint_name},
-        statistic=statistic,
-        period=PERIOD,
-    )
+    return _metric(INVOCATION_NAMESPACE, name, {"EndpointName": endpoint_name}, statistic)
 
 
 class AsyncEndpointAutoscaling(Construct):
@@ -367,11 +371,17 @@ class AsyncEndpointAutoscaling(Construct):
 
 
 class AsyncEndpointAlarms(Construct):
-    """An asynchronous endpoint's alarms, each with alarm and OK actions on `topic`: the
+    """An asynchronous endpoint's alarms, each with alarm and OK actions on `topic`: failed
+    invocations in 3 of 5 minutes (its rollback alarm: a failure, whatever its cause); the
     oldest queued request older than `max_oldest_request_age_seconds` (the queue is not
-    draining: too few instances, or none starting), and the instances' memory and disk (and
-    GPU memory). Not 5XX rate or model latency: an invocation here is a whole file whose
-    latency is minutes by design, and its failures go to the error topic."""
+    draining: too few instances, or none starting); and the instances' memory and disk (and
+    GPU memory). Not the 5XX rate or model latency: an invocation here is a whole file
+    whose latency is minutes by design, and SageMaker publishes no `Invocations` for it.
+
+    The age alarm pages but does not roll back: it cannot fire within a bake of minutes
+    (its threshold is half an hour), and when it is already firing at a deploy the queue is
+    stuck, which is what that deploy may be fixing.
+    """
 
     def __init__(
         self,
@@ -390,28 +400,33 @@ class AsyncEndpointAlarms(Construct):
             f"async alarms max_oldest_request_age_seconds: {max_oldest_request_age_seconds} "
             "must be > 0",
         )
+        variant = {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}
         checks: list[Check] = [
+            (
+                "Failures",
+                "InvocationFailures a minute",
+                _metric(INVOCATION_NAMESPACE, FAILED_INVOCATIONS_METRIC, variant, "Sum"),
+                0.0,
+            ),
             (
                 "OldestRequest",
                 "ApproximateAgeOfOldestRequest (seconds)",
                 _queue_metric(endpoint_name, OLDEST_REQUEST_AGE_METRIC, "Maximum"),
                 float(max_oldest_request_age_seconds),
             ),
-            *_health_checks(
-                {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}, thresholds, gpu
-            ),
+            *_health_checks(variant, thresholds, gpu),
         ]
         self.alarms = _threshold_alarms(self, "", f" of {endpoint_name}", checks)
-        action = cloudwatch_actions.SnsAction(topic)
-        for alarm in self.alarms:
-            alarm.add_alarm_action(action)
-            alarm.add_ok_action(action)
+        self.rollback_alarms = self.alarms[:1]  # failed invocations
+        _notify(self.alarms, topic)
 
 
 # SageMaker's detailed observability labels every metric it publishes with the endpoint's
-# name; a label name with dots is written quoted in PromQL.
+# name and each instance's EC2 id; a label name with dots is written quoted in PromQL.
 ENDPOINT_LABEL = "aws.sagemaker.endpoint.name"
+INSTANCE_LABEL = "@resource.host.id"
 SIGNAL_WINDOW = "10m"
+PROMQL_RECOVERY = Duration.minutes(5)
 
 
 def endpoint_selector(endpoint_name: str, *matchers: str) -> str:
@@ -420,14 +435,84 @@ def endpoint_selector(endpoint_name: str, *matchers: str) -> str:
     return "{" + ",".join((f'"{ENDPOINT_LABEL}"="{endpoint_name}"', *matchers)) + "}"
 
 
+def signal_rate(endpoint_name: str, metric: str, *matchers: str, per_instance: bool = False) -> str:
+    """`metric`'s rate a second over SIGNAL_WINDOW, summed over the endpoint, or per
+    instance. Per instance, a canary or one bad instance is read on its own instead of
+    diluted by the healthy rest; were the instance label ever missing, `by` would group
+    everything into one series, which is the endpoint's sum: never an empty answer."""
+    by = f' by ("{INSTANCE_LABEL}")' if per_instance else ""
+    return f"sum{by} (rate({metric}{endpoint_selector(endpoint_name, *matchers)}[{SIGNAL_WINDOW}]))"
+
+
+def unavailable_share(endpoint_name: str) -> str:
+    """The share of calls answered 503: the adapter could not answer (loading, unhealthy,
+    stopping, capacity). Failures."""
+    return (
+        f"{signal_rate(endpoint_name, 'semif_unavailable_total')} / "
+        f"{signal_rate(endpoint_name, 'semif_requests_total')}"
+    )
+
+
+def refused_share(endpoint_name: str) -> str:
+    """The share of calls answered 429: refused for load (queue full, overloaded, queue
+    timeout, deadline), which the caller retries. A capacity signal, not a failure."""
+    return (
+        f"{signal_rate(endpoint_name, 'semif_refused_total')} / "
+        f"{signal_rate(endpoint_name, 'semif_requests_total')}"
+    )
+
+
+# The rows the engine decoded in scoring passes: the adapter's evaluated prompt tokens.
+DECODED_ROWS = ("semif_prompt_tokens_total", 'source="evaluated"')
+
+
+def seconds_per_decoded_row(endpoint_name: str) -> str:
+    """Seconds the engine spent per row it decoded in scoring passes, per instance: the
+    model's own speed. Queue waits are not in it, so load does not raise it (fuller passes
+    only lower it); a slower build, a wrong placement or a broken model does."""
+    return (
+        f"{signal_rate(endpoint_name, 'semif_pass_duration_seconds_sum', per_instance=True)} / "
+        f"{signal_rate(endpoint_name, *DECODED_ROWS, per_instance=True)}"
+    )
+
+
+def median_allowed_token_mass(endpoint_name: str) -> str:
+    """The median probability the model gives the option labels, per instance."""
+    return (
+        f'histogram_quantile(0.5, sum by (le, "{INSTANCE_LABEL}") '
+        f"(rate(semif_allowed_token_mass_bucket{endpoint_selector(endpoint_name)}"
+        f"[{SIGNAL_WINDOW}])))"
+    )
+
+
+def unavailable_query(endpoint_name: str, max_unavailable_percent: float) -> str:
+    """The `Unavailable` alarm's query: series while the 503 share is above the limit."""
+    return f"{unavailable_share(endpoint_name)} > {max_unavailable_percent / 100:g}"
+
+
+def scoring_speed_query(endpoint_name: str, max_ms_per_decoded_row: float) -> str:
+    """The `ScoringSpeed` alarm's query: the instances decoding slower than the limit."""
+    return f"{seconds_per_decoded_row(endpoint_name)} > {max_ms_per_decoded_row / 1000:g}"
+
+
+def letter_mass_query(endpoint_name: str, min_median_allowed_token_mass: float) -> str:
+    """The `LetterMass` alarm's query: the instances whose median letter mass collapsed."""
+    return f"{median_allowed_token_mass(endpoint_name)} < {min_median_allowed_token_mass:g}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class DecisionSignalThresholds:
     """When the decision signals alarm, read from the adapter's own metrics (the container's
-    `/metrics`, which SageMaker scrapes): the share of calls answered 503 (overload, past
-    what autoscaling catches up with) and the median probability the model gives the option
-    labels (a collapse means it stopped answering with them: a wrong model or template)."""
+    `/metrics`, which SageMaker scrapes): the share of calls answered 503 (the server could
+    not answer; load is a 429 and is not alarmed on), the seconds per decoded row above
+    `max_ms_per_decoded_row` (the model scores slower than it should; choose a few times
+    what the dashboard shows on a healthy endpoint, so it depends on the model and the
+    hardware: the default suits a CPU, a GPU wants much less) and the median probability
+    the model gives the option labels (a collapse means it stopped answering with them: a
+    wrong model or template)."""
 
     max_unavailable_percent: float = 25.0
+    max_ms_per_decoded_row: float = 50.0
     min_median_allowed_token_mass: float = 0.5
 
     def __post_init__(self) -> None:
@@ -437,6 +522,10 @@ class DecisionSignalThresholds:
             "outside (0, 100]",
         )
         require(
+            self.max_ms_per_decoded_row > 0,
+            f"signal_alarms.max_ms_per_decoded_row: {self.max_ms_per_decoded_row} must be > 0",
+        )
+        require(
             0 < self.min_median_allowed_token_mass < 1,
             f"signal_alarms.min_median_allowed_token_mass: "
             f"{self.min_median_allowed_token_mass} is outside (0, 1)",
@@ -444,8 +533,11 @@ class DecisionSignalThresholds:
 
 
 class DecisionSignalAlarms(Construct):
-    """Two PromQL alarms on the decision endpoint's container metrics (adapter/metrics.py),
-    each with alarm and OK actions on `topic`; neither fires without traffic."""
+    """Three PromQL alarms on a decision endpoint's container metrics (adapter/metrics.py),
+    each with alarm and OK actions on `topic`; none fires without traffic. `rollback_alarms`
+    are the model regressions, `ScoringSpeed` and `LetterMass`, per instance; `Unavailable`
+    (503s, endpoint-wide) pages only, since the 5XX-rate alarm already rolls failures back.
+    """
 
     def __init__(
         self,
@@ -457,44 +549,38 @@ class DecisionSignalAlarms(Construct):
         topic: sns.ITopic,
     ) -> None:
         super().__init__(scope, construct_id)
-        where = endpoint_selector(endpoint_name)
-        share = thresholds.max_unavailable_percent / 100
-        unavailable = (
-            f"sum(rate(semif_unavailable_total{where}[{SIGNAL_WINDOW}])) / "
-            f"sum(rate(semif_requests_total{where}[{SIGNAL_WINDOW}])) > {share:g}"
-        )
-        mass = (
-            f"histogram_quantile(0.5, sum by (le) "
-            f"(rate(semif_allowed_token_mass_bucket{where}[{SIGNAL_WINDOW}]))) "
-            f"< {thresholds.min_median_allowed_token_mass:g}"
-        )
-        self.alarms = [
-            cloudwatch.PromQLAlarm(
+
+        def alarm(name: str, description: str, query: str) -> cloudwatch.PromQLAlarm:
+            return cloudwatch.PromQLAlarm(
                 self,
                 name,
-                alarm_description=description,
+                alarm_description=f"{endpoint_name}: {description} for 5 minutes",
                 query=query,
                 evaluation_interval=PERIOD,
-                pending_period=Duration.minutes(5),
-                recovery_period=Duration.minutes(5),
+                pending_period=PROMQL_PENDING,
+                recovery_period=PROMQL_RECOVERY,
             )
-            for name, description, query in (
-                (
-                    "Unavailable",
-                    f"{endpoint_name}: more than {thresholds.max_unavailable_percent:g} % of "
-                    "calls answered 503 (overload, queue timeouts, deadlines) for 5 minutes",
-                    unavailable,
-                ),
-                (
-                    "LetterMass",
-                    f"{endpoint_name}: median allowed-token mass below "
-                    f"{thresholds.min_median_allowed_token_mass:g} for 5 minutes: the model "
-                    "stopped answering with the option labels",
-                    mass,
-                ),
-            )
+
+        unavailable = alarm(
+            "Unavailable",
+            f"more than {thresholds.max_unavailable_percent:g} % of calls answered 503 "
+            "(loading, unhealthy, stopping, capacity: failures, not load)",
+            unavailable_query(endpoint_name, thresholds.max_unavailable_percent),
+        )
+        self.rollback_alarms = [
+            alarm(
+                "ScoringSpeed",
+                f"an instance took more than {thresholds.max_ms_per_decoded_row:g} ms per "
+                "decoded row: the model scores slower than it should",
+                scoring_speed_query(endpoint_name, thresholds.max_ms_per_decoded_row),
+            ),
+            alarm(
+                "LetterMass",
+                f"an instance's median allowed-token mass below "
+                f"{thresholds.min_median_allowed_token_mass:g}: the model stopped answering "
+                "with the option labels",
+                letter_mass_query(endpoint_name, thresholds.min_median_allowed_token_mass),
+            ),
         ]
-        action = cloudwatch_actions.SnsAction(topic)
-        for alarm in self.alarms:
-            alarm.add_alarm_action(action)
-            alarm.add_ok_action(action)
+        self.alarms = [unavailable, *self.rollback_alarms]
+        _notify(self.alarms, topic)

@@ -4,10 +4,11 @@ Model and endpoint-config names are left to CloudFormation, so a changed image, 
 or setting creates new ones and the endpoint moves to them (then the old ones are deleted).
 The endpoint name is fixed per environment so its log group, alarms and scaling target
 can name it. Updates keep the variant's current instance count and weight
-(`RetainAllVariantProperties`) and roll out blue/green by the typed `Rollout` policy,
-rolling back automatically when one of the endpoint's alarms fires. The same construct
-builds an asynchronous endpoint (`AsyncInference`): requests and answers in S3, outcomes
-on SNS; and the role may be opened to batch transform jobs (`allow_batch_transform`).
+(`RetainAllVariantProperties`, unless the endpoint asks for its config's own) and roll out
+blue/green by the typed `Rollout` policy, rolling back automatically when one of the
+endpoint's alarms fires. The same construct builds an asynchronous endpoint
+(`AsyncInference`): requests and answers in S3, outcomes on SNS; and the role may be
+opened to batch transform jobs (`allow_batch_transform`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ _EXECUTION_TIMEOUT_S = (600, 28800)
 METRIC_PUBLISH_SECONDS = (10, 30, 60, 120, 180, 240, 300)
 PREFIX_LENGTH_BYTES = (1024, 65536)
 CONCURRENCY_THRESHOLD = (1, 1024)
+# RoutingConfig.RoutingStrategy values (botocore `RoutingStrategy`).
+PREFIX_AWARE = "PREFIX_AWARE"
+LEAST_OUTSTANDING_REQUESTS = "LEAST_OUTSTANDING_REQUESTS"
 # botocore: AsyncInferenceClientConfig.MaxConcurrentInvocationsPerInstance.
 ASYNC_INVOCATIONS_PER_INSTANCE = (1, 1000)
 # Where SageMaker writes a transform job's logs and instance metrics (fixed names, shared by
@@ -312,12 +316,28 @@ class PrefixAwareRouting:
 
     def routing_config(self) -> sagemaker.CfnEndpointConfig.RoutingConfigProperty:
         return sagemaker.CfnEndpointConfig.RoutingConfigProperty(
-            routing_strategy="PREFIX_AWARE",
+            routing_strategy=PREFIX_AWARE,
             prefix_aware_routing_config=sagemaker.CfnEndpointConfig.PrefixAwareRoutingConfigProperty(
                 prefix_length=self.prefix_length_bytes,
                 concurrency_threshold=self.concurrency_threshold,
             ),
         )
+
+
+@dataclass(frozen=True)
+class LeastOutstandingRouting:
+    """The variant's RoutingConfig LEAST_OUTSTANDING_REQUESTS: each request goes to the
+    instance with the fewest requests in flight. Requests here differ in cost by orders of
+    magnitude (one decision beside a shared-state batch, a short chat beside a long one),
+    which SageMaker's default, RANDOM, ignores: it piles requests onto a busy instance."""
+
+    def routing_config(self) -> sagemaker.CfnEndpointConfig.RoutingConfigProperty:
+        return sagemaker.CfnEndpointConfig.RoutingConfigProperty(
+            routing_strategy=LEAST_OUTSTANDING_REQUESTS
+        )
+
+
+Routing = PrefixAwareRouting | LeastOutstandingRouting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,9 +403,11 @@ class SageMakerEndpoint(Construct):
     destroy fail with "already exists". `rollback_alarms` (created before the endpoint)
     roll a failing update back; `rollout` None leaves the update policy to SageMaker (no
     DeploymentConfig). `observability` sets the config's MetricsConfig (unset: SageMaker's
-    defaults), `routing` the variant's prefix-aware routing (unset: SageMaker's default
-    router). `async_inference` makes it an asynchronous endpoint, its role allowed exactly
-    the request, answer and failure prefixes and the two topics.
+    defaults), `routing` the variant's RoutingConfig (unset: SageMaker's default router).
+    `async_inference` makes it an asynchronous endpoint, its role allowed exactly the
+    request, answer and failure prefixes and the two topics. `retain_variant_properties`
+    False makes an update start the new config's own `initial_instance_count` instead of
+    keeping the current count.
     """
 
     def __init__(
@@ -405,8 +427,9 @@ class SageMakerEndpoint(Construct):
         rollback_alarms: Sequence[cloudwatch.IAlarm],
         log_key: kms.IKey,
         observability: Observability | None = None,
-        routing: PrefixAwareRouting | None = None,
+        routing: Routing | None = None,
         async_inference: AsyncInference | None = None,
+        retain_variant_properties: bool = True,
     ) -> None:
         super().__init__(scope, construct_id)
         require(
@@ -496,8 +519,8 @@ class SageMakerEndpoint(Construct):
             "Endpoint",
             endpoint_name=endpoint_name,
             endpoint_config_name=self.endpoint_config.attr_endpoint_config_name,
-            # A deploy keeps the instance count autoscaling chose (and the weight).
-            retain_all_variant_properties=True,
+            # By default a deploy keeps the instance count autoscaling chose (and the weight).
+            retain_all_variant_properties=retain_variant_properties,
             deployment_config=None
             if rollout is None
             else rollout.deployment_config([alarm.alarm_name for alarm in rollback_alarms]),
@@ -518,26 +541,32 @@ class SageMakerEndpoint(Construct):
             listed=True,
             purpose="a batch transform job",
         )
-        log_group = stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=f"{TRANSFORM_LOG_GROUP}:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+
+        def log_group(name: str) -> str:
+            return stack.format_arn(
+                service="logs",
+                resource="log-group",
+                resource_name=name,
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+
+        # CreateLogGroup authorizes against the group's own ARN; the stream actions against
+        # its streams (`<group>:*`). Each statement names only what its actions need.
         self.role.add_to_policy(
             iam.PolicyStatement(
-                actions=[
-                    "logs:CreateLogGroup",
-                    "logs:CreateLogStream",
-                    "logs:PutLogEvents",
-                    "logs:DescribeLogStreams",
-                ],
-                resources=[log_group],
+                actions=["logs:CreateLogGroup"], resources=[log_group(TRANSFORM_LOG_GROUP)]
+            )
+        )
+        streams = log_group(f"{TRANSFORM_LOG_GROUP}:*")
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+                resources=[streams],
             )
         )
         acknowledge(
             self.role,
-            f"AwsSolutions-IAM5[Resource::{nag_resource(stack, log_group)}]",
+            f"AwsSolutions-IAM5[Resource::{nag_resource(stack, streams)}]",
             f"Transform jobs log to SageMaker's fixed group {TRANSFORM_LOG_GROUP}, one "
             "stream per job and instance, named by SageMaker when the job starts.",
         )
@@ -775,7 +804,7 @@ def _production_variant(
     placement: Placement,
     initial_instance_count: int,
     startup_timeout_seconds: int,
-    routing: PrefixAwareRouting | None,
+    routing: Routing | None,
 ) -> sagemaker.CfnEndpointConfig.ProductionVariantProperty:
     """A fixed CPU instance type, or ordered GPU pools + CUDA AMI: never both."""
     cpu = placement if isinstance(placement, CpuPlacement) else None

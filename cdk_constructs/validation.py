@@ -7,6 +7,7 @@ import re
 # `repo@sha256:<64 hex>`: the only image reference accepted anywhere (a tag can move).
 _DIGEST_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 _INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 class PropsError(ValueError):
@@ -25,6 +26,15 @@ def require_digest_image(uri: str, what: str) -> str:
         f"{what}: {uri!r} is not digest-pinned; use 'repository@sha256:<64 lowercase hex>'",
     )
     return uri
+
+
+def require_digest(value: str, what: str) -> str:
+    """Reject anything but a manifest digest, `sha256:<64 lowercase hex>`."""
+    require(
+        bool(_DIGEST.fullmatch(value)),
+        f"{what}: {value!r} is not a digest; use 'sha256:<64 lowercase hex>'",
+    )
+    return value
 
 
 def require_instance_type(value: str, what: str) -> None:

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -40,6 +41,7 @@ from client.decision_client import (
     SystemOneAnswers,
     check_prefix_aware_id,
 )
+from client.series_check import SERIES, series_warning
 
 TOP_PROBABILITIES = 5
 
@@ -245,11 +247,31 @@ CHECKS: dict[str, Callable[[Any], str]] = {
 
 
 def _check(args: argparse.Namespace) -> None:
-    """Wait until the endpoint serves, then one real request that must answer right."""
+    """Wait until the endpoint serves, then one real request that must answer right; on a
+    SageMaker decision endpoint, then warn if its container series do not reach CloudWatch
+    (client.series_check: its PromQL alarms would watch nothing), without failing."""
     client = _client(args)
     client.wait_until_ready(args.wait_timeout, _progress())
+    first_call_at = time.time()
     summary = CHECKS[args.probe](client.invoke(check_body(args.probe)))
     print(f"ok: {client.transport.describe()} answered {summary}")
+    # A URL, or an endpoint_url elsewhere, publishes nothing to this account's CloudWatch.
+    on_sagemaker = args.endpoint_name and not args.endpoint_url
+    if args.probe != "decision" or not on_sagemaker or args.series_wait_s <= 0:
+        return
+    import boto3
+
+    print(
+        f"waiting up to {args.series_wait_s:.0f} s for {SERIES[0]} in CloudWatch",
+        file=sys.stderr,
+        flush=True,
+    )
+    session = boto3.session.Session(region_name=args.region)
+    warning = series_warning(session, args.endpoint_name, first_call_at, args.series_wait_s)
+    if warning is None:
+        print(f"ok: {args.endpoint_name}'s {SERIES[0]} series are in CloudWatch")
+    else:
+        print(f"semif: warning: {warning}", file=sys.stderr)
 
 
 def _batch_local(args: argparse.Namespace) -> None:
@@ -270,16 +292,16 @@ def _batch_local(args: argparse.Namespace) -> None:
 
 def _batch_submit(args: argparse.Namespace) -> None:
     """A batch transform job on the deployed decision model (client.batch_aws)."""
-    job = TransformJob(
-        model_name=args.model_name,
-        input_uri=args.input,
-        output_uri=args.output,
-        kms_key_id=args.kms_key_id,
-        instances=args.instances,
-        instance_type=args.instance_type,
-        job_name=args.job_name or "",
-    )
     try:
+        job = TransformJob(
+            model_name=args.model_name,
+            input_uri=args.input,
+            output_uri=args.output,
+            kms_key_id=args.kms_key_id,
+            instances=args.instances,
+            instance_type=args.instance_type,
+            job_name=args.job_name or "",
+        )
         name, summary = submit(
             aws_client("sagemaker", args.region),
             aws_client("s3", args.region),
@@ -380,6 +402,13 @@ def _parser() -> argparse.ArgumentParser:
         help="decision (the decision endpoint, default) or chat (the standard endpoint)",
     )
     check.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait")
+    check.add_argument(
+        "--series-wait-s",
+        type=_seconds,
+        default=180.0,
+        help="after the decision check, how long its container series may take to reach "
+        "CloudWatch before a warning (default %(default)s; 0 skips)",
+    )
     check.set_defaults(run=_check)
     batch = commands.add_parser("batch", help="offline batches of JSON Lines")
     batches = batch.add_subparsers(dest="batch_command", required=True)
@@ -415,8 +444,15 @@ def _parser() -> argparse.ArgumentParser:
     submit_job.add_argument("--output", required=True, help="s3:// prefix for the answers")
     submit_job.add_argument("--kms-key-id", required=True, help="the environment's KMS key")
     submit_job.add_argument("--instances", type=_positive_int, default=1)
-    submit_job.add_argument("--instance-type", default="ml.c6i.2xlarge")
-    submit_job.add_argument("--job-name", help="default semif-batch-<UTC time>")
+    submit_job.add_argument(
+        "--instance-type",
+        default="ml.c6i.2xlarge",
+        help="a CPU type (default %(default)s); GPU types are refused: no transform AMI "
+        "has a driver for the CUDA 13 image",
+    )
+    submit_job.add_argument(
+        "--job-name", help="1-63 letters, digits, hyphens; default semif-batch-<UTC time>-<random>"
+    )
     submit_job.add_argument(
         "--price-per-hour", type=_seconds, help="one instance's price, for a cost estimate"
     )

@@ -25,27 +25,37 @@ from adapter.settings import Settings, SettingsError, load_settings
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from cdk_constructs.alarm_topic import require_email
 from cdk_constructs.endpoint_operations import (
+    METRIC_ALARM_SECONDS,
     AlarmThresholds,
     Autoscaling,
     DecisionSignalThresholds,
+    promql_alarm_seconds,
 )
 from cdk_constructs.model_build import ModelCalibration
 from cdk_constructs.sagemaker_endpoint import (
     CpuPlacement,
     GpuPlacement,
+    LeastOutstandingRouting,
     NetworkSettings,
     Observability,
     Placement,
     PrefixAwareRouting,
     Rollout,
+    Routing,
     StepUnit,
     TrafficShift,
 )
-from cdk_constructs.validation import PropsError, looks_like_placeholder, require_digest_image
+from cdk_constructs.validation import (
+    PropsError,
+    looks_like_placeholder,
+    require_digest,
+    require_digest_image,
+)
 from model_build.calibration import CalibrationError, load_calibration
 from model_build.errors import BuildError
 from model_build.manifest import calibration_sha256
 from model_build.sources import SHA256_PATTERN, parse_source
+from stacks.regions import CfnFeature, missing_features
 
 # Calibration files are named relative to the repository: the model build's source is a
 # selection of its paths, so the file travels with the builder's code.
@@ -153,7 +163,19 @@ CANARY_ONE_INSTANCE = Rollout(
     termination_wait_seconds=600,
 )
 # A single-instance endpoint cannot canary (a canary is at most 50 % of the instances).
-ALL_AT_ONCE = Rollout(traffic=TrafficShift.ALL_AT_ONCE, wait_interval_seconds=300)
+# Baked for 10 minutes like the canary: the rollback alarms need up to 7 to fire.
+ALL_AT_ONCE = Rollout(traffic=TrafficShift.ALL_AT_ONCE, wait_interval_seconds=600)
+
+
+def _require_bake(rollout: Rollout, alarm_seconds: int, what: str) -> None:
+    """SageMaker watches the rollback alarms only during a step's bake, so the bake must
+    last as long as the slowest of them takes to fire once a regression starts."""
+    _require(
+        rollout.wait_interval_seconds >= alarm_seconds,
+        f"{what}: a {rollout.wait_interval_seconds} s bake (wait_interval_seconds) is shorter "
+        f"than the {alarm_seconds} s its rollback alarms take to fire; SageMaker watches them "
+        "only during the bake, so a regression would outlast it unseen",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,14 +270,25 @@ def _calibration_digest(path: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class DlcImages:
-    """The published llama.cpp DLC images (CPU and CUDA 13), pinned by digest."""
+    """The published llama.cpp DLC images (CPU and CUDA 13), pinned by digest.
+
+    The standard endpoint serves the CPU image itself, and SageMaker serves only a Docker v2
+    single-platform manifest. When the `cpu` pin is an image index or an OCI manifest, the
+    DLC mirror build derives that manifest from it (deterministically: the index's
+    linux/amd64 image, converted from OCI if need be) and fails, naming its digest, until
+    `cpu_served_digest` pins it. None: the `cpu` pin is served as it is. The CUDA image is
+    only ever a base image (`docker build` reads any manifest type).
+    """
 
     cpu: str
     cuda: str
+    cpu_served_digest: str | None = None
 
     def __post_init__(self) -> None:
         require_digest_image(self.cpu, "dlc_images.cpu")
         require_digest_image(self.cuda, "dlc_images.cuda")
+        if self.cpu_served_digest is not None:
+            require_digest(self.cpu_served_digest, "dlc_images.cpu_served_digest")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -339,9 +372,10 @@ class DecisionEndpointSettings:
     kv_memory: str = "auto"
     # MetricsConfig: how often the container's /metrics (and SageMaker's own) are published.
     metrics: Observability = field(default_factory=Observability)
-    # PromQL alarms on those metrics: the 503 share and the letter mass.
+    # PromQL alarms on those metrics: the 503 share, the scoring speed and the letter mass.
     signal_alarms: DecisionSignalThresholds = field(default_factory=DecisionSignalThresholds)
-    # RoutingConfig PREFIX_AWARE (`routing`): only where the variant can have two instances.
+    # RoutingConfig PREFIX_AWARE (`routing`): only where the variant can have two instances;
+    # otherwise LEAST_OUTSTANDING_REQUESTS.
     prefix_aware_routing: bool = False
     # A second, asynchronous endpoint on the same image and model; None: none.
     async_endpoint: AsyncEndpointSettings | None = None
@@ -351,6 +385,7 @@ class DecisionEndpointSettings:
             self.rollout.check_capacity(self.autoscaling.min_capacity, "decision.rollout")
         except PropsError as error:
             raise ConfigError(str(error)) from None
+        _require_bake(self.rollout, self.rollback_alarm_seconds, "decision.rollout")
         if isinstance(self.placement, CpuPlacement):
             _require(
                 self.gpu_layers == 0,
@@ -392,7 +427,11 @@ class DecisionEndpointSettings:
 
     def _check_async(self, settings: AsyncEndpointSettings) -> None:
         """The asynchronous container's deadline covers the queue wait, like the real-time
-        one's, but not the 55 s rule; then the adapter's own checks of its variables."""
+        one's, but not the 55 s rule; then the adapter's own checks of its variables. Its
+        updates go ALL_AT_ONCE (one instance), rolled back on the same PromQL alarms."""
+        _require_bake(
+            ALL_AT_ONCE, self.rollback_alarm_seconds, "decision.async_endpoint (ALL_AT_ONCE)"
+        )
         _require(
             settings.request_timeout_seconds >= self.queue_timeout_seconds,
             f"decision.async_endpoint.request_timeout_seconds: "
@@ -460,6 +499,8 @@ class DecisionEndpointSettings:
             **self.container_environment(),
             "SEMIF_REQUEST_TIMEOUT_S": str(settings.request_timeout_seconds),
             "SEMIF_MAX_LINES_BYTES": str(settings.max_payload_bytes),
+            # A whole file per request: a line per KiB of it, at least the adapter's default.
+            "SEMIF_MAX_LINES": str(max(Settings.max_lines, settings.max_payload_bytes >> 10)),
         }
 
     @property
@@ -486,12 +527,20 @@ class DecisionEndpointSettings:
         return math.ceil(SCALE_OUT_BATCH_FRACTION * self.max_batch_requests)
 
     @property
-    def routing(self) -> PrefixAwareRouting | None:
+    def rollback_alarm_seconds(self) -> int:
+        """The longest its rollback alarms (5XX rate, PromQL) take to fire."""
+        return max(
+            METRIC_ALARM_SECONDS, promql_alarm_seconds(self.metrics.publish_frequency_seconds)
+        )
+
+    @property
+    def routing(self) -> Routing:
         """Prefix-aware routing when enabled: a state's requests stay on one instance until
         it holds a full batch in flight (SEMIF_MAX_BATCH_REQUESTS); past that a request there
-        would wait a pass, longer than decoding the state again elsewhere."""
+        would wait a pass, longer than decoding the state again elsewhere. Otherwise the
+        instance with the fewest requests in flight."""
         if not self.prefix_aware_routing:
-            return None
+            return LeastOutstandingRouting()
         return PrefixAwareRouting(
             prefix_length_bytes=ROUTING_PREFIX_BYTES,
             concurrency_threshold=self.max_batch_requests,
@@ -511,16 +560,34 @@ class DecisionEndpointSettings:
         """Health-check and download timeouts: GPU hosts load CUDA and need >= 600 s."""
         return 900 if self.uses_gpu else 600
 
+    @property
+    def cloudformation_features(self) -> frozenset[CfnFeature]:
+        """What of `stacks/regions.py`'s table its stack writes (the asynchronous endpoint
+        adds nothing: the same metrics and PromQL alarms, no routing, the same placement)."""
+        routing = (
+            CfnFeature.PREFIX_AWARE_ROUTING
+            if self.prefix_aware_routing
+            else CfnFeature.LEAST_OUTSTANDING_ROUTING
+        )
+        features = {CfnFeature.DETAILED_OBSERVABILITY, CfnFeature.PROMQL_ALARMS, routing}
+        if self.uses_gpu:
+            features.add(CfnFeature.INSTANCE_POOLS)
+        return frozenset(features)
+
 
 @dataclass(frozen=True, kw_only=True)
 class StandardEndpointSettings:
-    """The published CPU DLC serving chat completions on one CPU instance (no GPU layers)."""
+    """The published CPU DLC serving chat completions on one CPU instance (no GPU layers),
+    with llama-server's Prometheus metrics on and published (`metrics`), routed to the
+    instance with the fewest requests in flight."""
 
     placement: CpuPlacement
     context_size: int
     threads: int
     alarms: AlarmThresholds = field(default_factory=AlarmThresholds)
     rollout: Rollout = ALL_AT_ONCE  # one instance: a canary cannot fit
+    # MetricsConfig: detailed observability publishes llama-server's /metrics (llamacpp:*).
+    metrics: Observability = field(default_factory=Observability)
     # llama-server's weight repacking, decided here from the instance type since the DLC's
     # entry point is not ours: `auto` turns it off (--no-repack) on AMX families.
     weight_buffers: WeightBuffers = "auto"
@@ -530,6 +597,7 @@ class StandardEndpointSettings:
             self.rollout.step_unit is not StepUnit.INSTANCE_COUNT,
             "standard.rollout: the standard endpoint has one instance; use ALL_AT_ONCE",
         )
+        _require_bake(self.rollout, METRIC_ALARM_SECONDS, "standard.rollout")  # its 5XX rate
         _require(
             isinstance(self.placement, CpuPlacement),
             f"standard.placement: {self.placement!r}; the CPU DLC needs a CpuPlacement",
@@ -553,13 +621,24 @@ class StandardEndpointSettings:
             return not has_amx(self.placement.instance_type)
         return self.weight_buffers == "all"
 
+    @property
+    def routing(self) -> Routing:
+        return LeastOutstandingRouting()
+
+    @property
+    def cloudformation_features(self) -> frozenset[CfnFeature]:
+        """What of `stacks/regions.py`'s table its stack writes."""
+        return frozenset({CfnFeature.DETAILED_OBSERVABILITY, CfnFeature.LEAST_OUTSTANDING_ROUTING})
+
     def container_environment(self) -> dict[str, str]:
         """The DLC turns each `SM_LLAMA_CPP_FOO_BAR` into llama-server's `--foo-bar`
-        (`true` into the bare flag)."""
+        (`true` into the bare flag): `--metrics` serves its Prometheus metrics on
+        `/metrics`, which detailed observability publishes."""
         environment = {
             "SM_LLAMA_CPP_CTX_SIZE": str(self.context_size),
             "SM_LLAMA_CPP_THREADS": str(self.threads),
             "SM_LLAMA_CPP_N_GPU_LAYERS": "0",
+            "SM_LLAMA_CPP_METRICS": "true",
         }
         if not self.repacks_weights:
             environment["SM_LLAMA_CPP_NO_REPACK"] = "true"
@@ -598,6 +677,7 @@ class EnvironmentConfig:
             require_account(self.account, f"{self.name}.account")
         require_region(self.region, f"{self.name}.region")
         _require(bool(self.endpoints), f"{self.name}.endpoints: choose standard, decision or both")
+        require_region_supports(self, self.region, f"{self.name}.region")
         for key, value in self.tags.items():
             _require(
                 bool(key) and len(key) <= 128 and len(value) <= 256,
@@ -608,3 +688,27 @@ class EnvironmentConfig:
 
     def deploys(self, kind: EndpointKind) -> bool:
         return kind in self.endpoints
+
+    @property
+    def cloudformation_features(self) -> frozenset[CfnFeature]:
+        """The properties of `stacks/regions.py`'s table its stacks write."""
+        features: frozenset[CfnFeature] = frozenset()
+        if self.deploys(EndpointKind.DECISION):
+            features |= self.decision.cloudformation_features
+        if self.deploys(EndpointKind.STANDARD):
+            features |= self.standard.cloudformation_features
+        return features
+
+
+def require_region_supports(config: EnvironmentConfig, region: str, setting: str) -> None:
+    """Refuse `region` when its CloudFormation schema lacks a property `config`'s stacks
+    write (`stacks/regions.py`): the deploy would fail there, or PromQL alarms would watch
+    metrics never published. `setting` names where the region came from. Every synth has a
+    region (`-c region`, CDK_DEFAULT_REGION or the config's own), so this always runs."""
+    missing = missing_features(region, config.cloudformation_features)
+    _require(
+        not missing,
+        f"{setting}: {region!r} is refused: its CloudFormation schema lacks "
+        f"{'; '.join(map(str, missing))}, which {config.name}'s endpoints use (detailed "
+        "observability also feeds the PromQL alarms); deploy to another region",
+    )

@@ -70,6 +70,10 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
         dlc_images[ImageFlavor.CPU.label] = config.dlc_images.cpu
     if decision_flavor is ImageFlavor.CUDA:
         dlc_images[ImageFlavor.CUDA.label] = config.dlc_images.cuda
+    # What SageMaker serves directly (not as a base image): the standard endpoint's CPU DLC.
+    served: dict[str, str | None] = {}
+    if config.deploys(EndpointKind.STANDARD):
+        served[ImageFlavor.CPU.label] = config.dlc_images.cpu_served_digest
     images = ImagesStack(
         scope,
         stack_name(config, "images"),
@@ -78,6 +82,7 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
         repo_root=repo_root,
         mirror_repository_name=mirror_repository_name(config),
         dlc_images=dlc_images,
+        served_dlc_images=served,
         adapter_flavor=decision_flavor,
         removal_policy=removal,
     )

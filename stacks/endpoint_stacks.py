@@ -1,11 +1,13 @@
 """The two endpoint stacks: the decision endpoint (our adapter image) and the standard one.
 
 Both serve the same `model.tar.gz` (the artifact stack's `ModelArtifact`), both pull from
-private ECR by digest, both alarm to the environment's topic, roll updates out blue/green
-with automatic rollback on their 5XX and latency alarms, and end every deploy that changes
-them with one real invocation (`EndpointCheck`). The decision stack also serves offline
-batches: transform jobs on its model (`batch/` in the artifact bucket) and, where the
-environment asks, an asynchronous endpoint that scales to zero (`async/`).
+private ECR by digest, both publish their container's metrics (detailed observability) to
+a dashboard of their own, both alarm to the environment's topic, roll updates out
+blue/green with automatic rollback on failures and model regressions (never on load or
+latency), and end every deploy that changes them with one real invocation
+(`EndpointCheck`). The decision stack also serves offline batches: transform jobs on its
+model (`batch/` in the artifact bucket) and, where the environment asks, an asynchronous
+endpoint that scales to zero (`async/`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from cdk_constructs.alarm_topic import encrypted_topic
 from cdk_constructs.container_image import EcrImage
 from cdk_constructs.deploy_time_build import DeployTimeBuild
 from cdk_constructs.endpoint_check import EndpointCheck, Probe
-from cdk_constructs.endpoint_dashboard import DecisionDashboard
+from cdk_constructs.endpoint_dashboard import (
+    EndpointDashboard,
+    decision_queries,
+    standard_queries,
+)
 from cdk_constructs.endpoint_operations import (
     AsyncEndpointAlarms,
     AsyncEndpointAutoscaling,
@@ -38,7 +44,7 @@ from cdk_constructs.image_build import (
 )
 from cdk_constructs.model_artifact import ModelArtifact
 from cdk_constructs.sagemaker_endpoint import AsyncInference, NetworkSettings, SageMakerEndpoint
-from stacks.config import DecisionEndpointSettings, StandardEndpointSettings
+from stacks.config import ALL_AT_ONCE, DecisionEndpointSettings, StandardEndpointSettings
 
 # Where offline requests and answers live in the artifact bucket, beside the models: the
 # decision model's role may read and write exactly these prefixes.
@@ -53,7 +59,11 @@ ASYNC_SUFFIX = "-async"
 class DecisionEndpointStack(Stack):
     """Build the adapter image (deploy time), then serve it by digest with scaling, alarms
     and a dashboard; open its model to batch transform jobs, and add the asynchronous
-    endpoint when `settings.async_endpoint` is set."""
+    endpoint when `settings.async_endpoint` is set.
+
+    The rollback alarms are the 5XX rate (per pool type with GPU pools) and the PromQL
+    `ScoringSpeed` and `LetterMass`: failures and model regressions. Load (429s) and
+    latency page no one and roll nothing back; the dashboard shows them."""
 
     def __init__(
         self,
@@ -86,6 +96,13 @@ class DecisionEndpointStack(Stack):
             gpu=settings.uses_gpu,
             instance_types=settings.instance_pools,
         )
+        signals = DecisionSignalAlarms(
+            self,
+            "Signals",
+            endpoint_name=endpoint_name,
+            thresholds=settings.signal_alarms,
+            topic=alarm_topic,
+        )
         image = EcrImage(
             repository_name=image_build.repository.repository_name,
             digest=self.image.output(IMAGE_DIGEST_VARIABLE),
@@ -102,7 +119,7 @@ class DecisionEndpointStack(Stack):
             startup_timeout_seconds=settings.startup_timeout_seconds,
             network=network,
             rollout=settings.rollout,
-            rollback_alarms=alarms.rollback_alarms,
+            rollback_alarms=[*alarms.rollback_alarms, *signals.rollback_alarms],
             log_key=model.key,
             observability=settings.metrics,
             routing=settings.routing,
@@ -114,18 +131,11 @@ class DecisionEndpointStack(Stack):
             settings=settings.autoscaling,
             target_concurrency=settings.target_concurrency,
         )
-        signals = DecisionSignalAlarms(
-            self,
-            "Signals",
-            endpoint_name=endpoint_name,
-            thresholds=settings.signal_alarms,
-            topic=alarm_topic,
-        )
         self.endpoint.allow_batch_transform(
             input_prefix=BATCH_INPUT_PREFIX, output_prefix=BATCH_OUTPUT_PREFIX
         )
         self.async_endpoint: SageMakerEndpoint | None = None
-        async_alarms: list[cloudwatch.Alarm] = []
+        async_alarms: list[cloudwatch.AlarmBase] = []
         if settings.async_endpoint is not None:
             self.async_endpoint, async_alarms = self._add_async_endpoint(
                 endpoint_name=f"{endpoint_name}{ASYNC_SUFFIX}",
@@ -135,11 +145,12 @@ class DecisionEndpointStack(Stack):
                 network=network,
                 alarm_topic=alarm_topic,
             )
-        DecisionDashboard(
+        EndpointDashboard(
             self,
             "Dashboard",
             endpoint_name=endpoint_name,
             alarms=[*alarms.alarms, *signals.alarms, *async_alarms],
+            queries=decision_queries(endpoint_name),
         )
         self.check = EndpointCheck(
             self,
@@ -182,15 +193,22 @@ class DecisionEndpointStack(Stack):
         model: ModelArtifact,
         network: NetworkSettings | None,
         alarm_topic: sns.ITopic,
-    ) -> tuple[SageMakerEndpoint, list[cloudwatch.Alarm]]:
+    ) -> tuple[SageMakerEndpoint, list[cloudwatch.AlarmBase]]:
         """The asynchronous endpoint: the decision image and model with the async deadline
         and body limit, answers and failures in S3, outcomes on two topics, scaled on its
-        queue from zero. No post-deploy check (`EndpointCheck` invokes synchronously, which
-        an asynchronous endpoint refuses), no dashboard or PromQL alarms (no detailed
-        observability), and no DeploymentConfig: SageMaker's documentation lists no
-        asynchronous support for deployment guardrails, and the rollback alarms would watch
-        5XX and latency, which mean nothing for an invocation that runs for minutes; an
-        update is then SageMaker's default blue/green, all at once."""
+        queue from zero, its container's metrics published (detailed observability, set
+        explicitly) and its alarms on the decision dashboard. No post-deploy check
+        (`EndpointCheck` invokes synchronously, which an asynchronous endpoint refuses).
+
+        Updates are blue/green, all at once (the green fleet is one instance), rolled back
+        on failed invocations and on the model regressions its own container reports
+        (`ScoringSpeed`, `LetterMass`): not on 5XX rate or latency, which SageMaker does not
+        publish or which run for minutes by design here, nor on the age of the oldest
+        request (`AsyncEndpointAlarms` says why). An update does not retain the variant's
+        instance count: at zero instances a retained count would deploy the new model onto
+        no instance at all, unstarted and unwatched until the next request; the config's
+        own count (1) starts it, proves it healthy during the deploy and bakes it, and the
+        queue scaling takes it back to zero afterwards."""
         async_settings = settings.async_endpoint
         assert async_settings is not None
         topics = {
@@ -202,6 +220,22 @@ class DecisionEndpointStack(Stack):
             )
             for outcome in ("Success", "Error")
         }
+        alarms = AsyncEndpointAlarms(
+            self,
+            "AsyncAlarms",
+            endpoint_name=endpoint_name,
+            max_oldest_request_age_seconds=async_settings.max_oldest_request_age_seconds,
+            thresholds=settings.alarms,
+            topic=alarm_topic,
+            gpu=settings.uses_gpu,
+        )
+        signals = DecisionSignalAlarms(
+            self,
+            "AsyncSignals",
+            endpoint_name=endpoint_name,
+            thresholds=settings.signal_alarms,
+            topic=alarm_topic,
+        )
         endpoint = SageMakerEndpoint(
             self,
             "Async",
@@ -210,13 +244,16 @@ class DecisionEndpointStack(Stack):
             model=model,
             environment=settings.async_container_environment(),
             placement=settings.placement,
-            # SageMaker's least; autoscaling takes it to zero once the queue is empty.
+            # SageMaker's least, and what each update starts (the count is not retained);
+            # autoscaling takes it to zero once the queue is empty.
             initial_instance_count=1,
             startup_timeout_seconds=settings.startup_timeout_seconds,
             network=network,
-            rollout=None,
-            rollback_alarms=[],
+            rollout=ALL_AT_ONCE,
+            rollback_alarms=[*alarms.rollback_alarms, *signals.rollback_alarms],
             log_key=model.key,
+            observability=settings.metrics,
+            retain_variant_properties=False,
             async_inference=AsyncInference(
                 input_prefix=ASYNC_INPUT_PREFIX,
                 output_prefix=ASYNC_OUTPUT_PREFIX,
@@ -234,15 +271,6 @@ class DecisionEndpointStack(Stack):
             target_backlog_per_instance=async_settings.target_backlog_per_instance,
             startup_seconds=settings.startup_timeout_seconds,
         )
-        alarms = AsyncEndpointAlarms(
-            self,
-            "AsyncAlarms",
-            endpoint_name=endpoint_name,
-            max_oldest_request_age_seconds=async_settings.max_oldest_request_age_seconds,
-            thresholds=settings.alarms,
-            topic=alarm_topic,
-            gpu=settings.uses_gpu,
-        )
         CfnOutput(self, "AsyncEndpointName", value=endpoint_name)
         CfnOutput(
             self,
@@ -254,11 +282,13 @@ class DecisionEndpointStack(Stack):
         CfnOutput(self, "AsyncFailurePrefix", value=model.s3_uri(ASYNC_FAILURE_PREFIX))
         CfnOutput(self, "AsyncSuccessTopicArn", value=topics["Success"].topic_arn)
         CfnOutput(self, "AsyncErrorTopicArn", value=topics["Error"].topic_arn)
-        return endpoint, alarms.alarms
+        return endpoint, [*alarms.alarms, *signals.alarms]
 
 
 class StandardEndpointStack(Stack):
-    """The published CPU DLC (chat completions, from the private mirror) on one CPU instance."""
+    """The published CPU DLC (chat completions, from the private mirror) on one CPU instance,
+    with llama-server's own metrics on (`--metrics`), published by detailed observability to
+    its dashboard; it rolls back on its 5XX rate."""
 
     def __init__(
         self,
@@ -295,6 +325,15 @@ class StandardEndpointStack(Stack):
             rollout=settings.rollout,
             rollback_alarms=alarms.rollback_alarms,
             log_key=model.key,
+            observability=settings.metrics,
+            routing=settings.routing,
+        )
+        EndpointDashboard(
+            self,
+            "Dashboard",
+            endpoint_name=endpoint_name,
+            alarms=alarms.alarms,
+            queries=standard_queries(endpoint_name),
         )
         self.check = EndpointCheck(
             self,

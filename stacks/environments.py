@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
+from cdk_constructs.endpoint_operations import Autoscaling, DecisionSignalThresholds
 from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
 from model_build.embedded import SMOLLM2
 from stacks.config import (
@@ -48,6 +48,17 @@ QWEN35_4B = ModelSource(
 
 CUDA13_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
 
+# The ScoringSpeed rollback alarm's limit, milliseconds per decoded row, per model and
+# hardware: a few times what a healthy endpoint's dashboard shows (the query "Seconds per
+# decoded row"). Starting points until each endpoint has been read: SmolLM2-135M on an
+# ml.c6i.2xlarge decodes well under 1 ms a row; Qwen3.5-4B Q4_K_M on an ml.c6i.8xlarge a few
+# ms (100-300 rows/s); on the gpu pools well under 1 ms, the slowest pool type (g4dn's T4)
+# included. Generous on CPU, where a pass's cost does not depend on its size; on GPU a
+# small pass costs nearly as much as a full one, and the limit leaves room for quiet hours.
+SMOLLM2_CPU_MS = 10.0
+QWEN35_CPU_MS = 40.0
+QWEN35_GPU_MS = 5.0
+
 ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
     {
         env.name: env
@@ -64,6 +75,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                     threads=8,
                     gpu_layers=0,
                     autoscaling=Autoscaling(min_capacity=1, max_capacity=2),
+                    signal_alarms=DecisionSignalThresholds(max_ms_per_decoded_row=SMOLLM2_CPU_MS),
                     async_endpoint=AsyncEndpointSettings(),
                 ),
                 standard=StandardEndpointSettings(
@@ -86,7 +98,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                     threads=32,
                     gpu_layers=0,
                     autoscaling=Autoscaling(min_capacity=2, max_capacity=6),
-                    alarms=AlarmThresholds(p95_model_latency_ms=20_000),
+                    signal_alarms=DecisionSignalThresholds(max_ms_per_decoded_row=QWEN35_CPU_MS),
                     rollout=CANARY_ONE_INSTANCE,
                     prefix_aware_routing=True,
                 ),
@@ -118,7 +130,7 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                     ),
                     gpu_layers=-1,
                     autoscaling=Autoscaling(min_capacity=1, max_capacity=4),
-                    alarms=AlarmThresholds(p95_model_latency_ms=1000),
+                    signal_alarms=DecisionSignalThresholds(max_ms_per_decoded_row=QWEN35_GPU_MS),
                 ),
                 standard=StandardEndpointSettings(
                     placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),

@@ -39,6 +39,7 @@ class ImagesStack(Stack):
         repo_root: Path,
         mirror_repository_name: str,
         dlc_images: Mapping[str, str],
+        served_dlc_images: Mapping[str, str | None],
         adapter_flavor: ImageFlavor | None,
         removal_policy: RemovalPolicy,
         **kwargs: Any,
@@ -57,6 +58,8 @@ class ImagesStack(Stack):
             "DlcMirror",
             repository_name=mirror_repository_name,
             images=dlc_images,
+            served=served_dlc_images,
+            repo_root=repo_root,
             encryption_key=key,
             log_key=key,
         )

@@ -10,7 +10,10 @@ then the environment's config. The shipped environments name no account, so:
   stays unresolved and the stacks synthesize environment-agnostic (`AWS::AccountId`), so CI
   needs no AWS access and looks nothing up;
 - a placeholder account (`111111111111`, `123456789012`, ...) from any source is refused,
-  naming the setting it came from, so no deploy can target one.
+  naming the setting it came from, so no deploy can target one;
+- a region always resolves (the config has one), so even the environment-agnostic synth is
+  checked against `stacks/regions.py`: a region whose CloudFormation schema lacks a property
+  the environment's endpoints write is refused, naming the property and the setting.
 
 Also from context: `-c alarm_email=ADDRESS` (subscribed to the alarm topic) and, for VPC
 placement, `-c subnet_ids=subnet-a,subnet-b -c security_group_ids=sg-a [-c vpc_id=vpc-x]`
@@ -31,6 +34,7 @@ from stacks.config import (
     EnvironmentConfig,
     require_account,
     require_region,
+    require_region_supports,
 )
 
 CONTEXT_KEYS = ("account", "region", "alarm_email", "subnet_ids", "security_group_ids", "vpc_id")
@@ -67,6 +71,7 @@ def resolve_target(
     )
     assert region is not None  # the config always has one
     require_region(region[1], region[0])
+    require_region_supports(config, region[1], region[0])
     notifications = config.notifications
     email = _first(("-c alarm_email", context.get("alarm_email")))
     if email is not None:

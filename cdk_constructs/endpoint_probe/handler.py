@@ -10,8 +10,17 @@ InvokeEndpoint (the same files `semif check` sends, `client/examples/check-*.jso
 - `chat`: one short chat completion; the answer must carry a message.
 
 A wrong answer, or an endpoint error (the container's status and body from ModelError),
-raises, so CloudFormation fails the resource and rolls the stack back. Busy (503),
+raises, so CloudFormation fails the resource and rolls the stack back. Busy (429, 503),
 throttled or not-yet-ready answers are retried until shortly before the Lambda's timeout.
+
+After a right decision answer, the check waits up to `SeriesWaitSeconds` for the
+endpoint's container series (`semif_requests_total`, what its PromQL alarms read) to reach
+CloudWatch, through CloudWatch's Prometheus-compatible GetSeries API (botocore has no call
+for it: SigV4 for `monitoring`, IAM `cloudwatch:ListMetrics`). Absent series are a warning
+in the result and the log, never a failure: a PromQL alarm that matches nothing stays OK
+forever, and the warning names the query and the alarms (`PromQLAlarms`). The shell's
+`semif check` does the same (client/series_check.py, held to the same queries and words by
+the tests).
 During an update rollback (the stack is UPDATE_ROLLBACK_IN_PROGRESS) a failure is logged but
 not raised: the rollback returns to the previous endpoint config, and failing there would
 leave the stack in UPDATE_ROLLBACK_FAILED. Delete does nothing.
@@ -25,8 +34,10 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import boto3
 from botocore.config import Config
@@ -48,6 +59,14 @@ READ_TIMEOUT_S = 70  # above SageMaker's 60 s invocation limit
 # Lambda's timeout, so the handler always answers CloudFormation itself.
 SAFETY_MARGIN_S = float(CONNECT_TIMEOUT_S + READ_TIMEOUT_S + 10)
 ROLLBACK_STATUSES = {"UPDATE_ROLLBACK_IN_PROGRESS", "ROLLBACK_IN_PROGRESS"}
+# The container series the decision endpoint's PromQL alarms read; then the name the
+# OpenTelemetry conversion would give that counter (client/series_check.py: the same).
+SERIES = ("semif_requests_total", "semif_requests")
+ENDPOINT_LABEL = "aws.sagemaker.endpoint.name"
+LOOKBACK_S = 3600
+SERIES_POLL_S = 20.0
+SERIES_CALL_TIMEOUT_S = 10
+SERIES_MARGIN_S = 3 * SERIES_CALL_TIMEOUT_S  # the last polls must end before the Lambda
 
 
 class CheckFailedError(RuntimeError):
@@ -163,6 +182,83 @@ def probe(
             delay = min(delay * 2, 30.0)
 
 
+def series_query(metric: str, endpoint_name: str) -> str:
+    return f'{metric}{{"{ENDPOINT_LABEL}"="{endpoint_name}"}}'
+
+
+def series_form(query: str, start: float, end: float) -> bytes:
+    fields = [("match[]", query), ("start", str(int(start))), ("end", str(int(end)))]
+    return urlencode([*fields, ("limit", "1")]).encode()
+
+
+def absent_warning(endpoint_name: str, alarms: Sequence[str], waited_s: float, found: str) -> str:
+    query = series_query(SERIES[0], endpoint_name)
+    named = ", ".join(alarms) if alarms else "none found"
+    other = (
+        f"; {found} is there, so the alarms' metric names are not what CloudWatch publishes"
+        if found
+        else ""
+    )
+    return (
+        f"no {SERIES[0]} series for {endpoint_name} in CloudWatch {waited_s:.0f} s after its "
+        f"first call{other}: its PromQL alarms ({named}) may watch nothing and stay OK. "
+        f"Check in CloudWatch Query Studio (PromQL): {query}"
+    )
+
+
+def count_series(query: str, start: float, end: float) -> int:
+    """GetSeries, signed with the function's credentials: how many series match."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+
+    session = boto3.session.Session()
+    url = session.client("cloudwatch").meta.endpoint_url + "/api/v1/series"
+    body = series_form(query, start, end)
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    request = AWSRequest("POST", url, data=body, headers=headers)
+    SigV4Auth(session.get_credentials(), "monitoring", session.region_name).add_auth(request)
+    # https: the URL is botocore's own CloudWatch endpoint, not from the event.
+    sent = urllib.request.Request(url, data=body, headers=dict(request.headers.items()))  # noqa: S310
+    with urllib.request.urlopen(sent, timeout=SERIES_CALL_TIMEOUT_S) as answer:  # noqa: S310
+        return len(json.loads(answer.read()).get("data") or [])
+
+
+def series_warning(
+    endpoint_name: str,
+    alarms: Sequence[str],
+    first_call_at: float,
+    wait_s: float,
+    remaining_s: Callable[[], float],
+    count: Callable[[str, float, float], int] = count_series,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """None once the alarms' series are in CloudWatch; else the warning (also when they
+    cannot be read). Waits at most `wait_s` after the first call, and never past the
+    function's own time."""
+    try:
+        deadline = min(first_call_at + wait_s, clock() + remaining_s() - SERIES_MARGIN_S)
+        while True:
+            now = clock()
+            if count(series_query(SERIES[0], endpoint_name), now - LOOKBACK_S, now):
+                return None
+            if now >= deadline:
+                found = [
+                    name
+                    for name in SERIES[1:]
+                    if count(series_query(name, endpoint_name), now - LOOKBACK_S, now)
+                ]
+                waited = now - first_call_at
+                return absent_warning(endpoint_name, alarms, waited, ", ".join(found))
+            sleep(min(SERIES_POLL_S, deadline - now))
+    except Exception as error:  # a warning is all this may ever be
+        query = series_query(SERIES[0], endpoint_name)
+        return (
+            f"could not read {endpoint_name}'s container series ({error}); check in "
+            f"CloudWatch Query Studio (PromQL): {query}"
+        )
+
+
 def rolling_back(cloudformation: Any, stack_id: str) -> bool:
     stacks = cloudformation.describe_stacks(StackName=stack_id).get("Stacks", [])
     return bool(stacks) and stacks[0].get("StackStatus") in ROLLBACK_STATUSES
@@ -173,6 +269,8 @@ def on_event(
     context: Any,
     runtime: Any = None,
     cloudformation: Any = None,
+    series: Callable[[str, Sequence[str], float, float, Callable[[], float]], str | None]
+    | None = None,
 ) -> dict[str, Any]:
     props = event["ResourceProperties"]
     endpoint = str(props["EndpointName"])
@@ -185,6 +283,7 @@ def on_event(
 
     try:
         body = json.loads(str(props["Body"]))
+        first_call_at = time.time()
         summary = probe(runtime or _runtime(), endpoint, str(props["Probe"]), body, remaining_s)
     except Exception as failure:  # any failure: a rollback must never be the one that fails
         if event["RequestType"] == "Update" and rolling_back(
@@ -194,4 +293,11 @@ def on_event(
             return {"PhysicalResourceId": physical_id, "Data": {"Result": f"rollback: {failure}"}}
         raise
     LOG.info("%s answered: %s", endpoint, summary)
+    wait_s = float(props.get("SeriesWaitSeconds", 0))
+    if wait_s > 0:
+        alarms = [str(name) for name in props.get("PromQLAlarms", [])]
+        warning = (series or series_warning)(endpoint, alarms, first_call_at, wait_s, remaining_s)
+        if warning is not None:
+            LOG.warning("%s", warning)
+            summary = f"{summary}; WARNING: {warning}"
     return {"PhysicalResourceId": physical_id, "Data": {"Result": summary}}

@@ -176,6 +176,17 @@ def realtime_endpoint(template: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
     return name, endpoint
 
 
+def dashboard_body(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A stack's one dashboard, its body parsed with each token (an alarm's ARN, the
+    region) replaced by a placeholder, its name, and the logical ids of the alarms it names."""
+    ((_, dashboard),) = resources(raw, "AWS::CloudWatch::Dashboard")
+    parts = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
+    named = [part["Fn::GetAtt"][0] for part in parts if "Fn::GetAtt" in part]
+    text = "".join(part if isinstance(part, str) else "TOKEN" for part in parts)
+    body: dict[str, Any] = json.loads(text)
+    return {**body, "name": dashboard["Properties"]["DashboardName"]}, named
+
+
 def assert_role_policy_has(template: Template, role_prefix: str, expected: list[Any]) -> None:
     """An IAM policy attached to the role whose logical id starts with `role_prefix` holds
     each of `expected` (statements matched object-like, among others)."""

@@ -31,6 +31,9 @@ UNSCOPED_ACTIONS = {
     "ecr:GetAuthorizationToken",
     # SageMaker's instance metrics; limited to its namespace by condition.
     "cloudwatch:PutMetricData",
+    # The post-deploy check's series lookup (what CloudWatch's PromQL GetSeries authorizes
+    # as); the service authorization reference lists no resource type for it.
+    "cloudwatch:ListMetrics",
     # The DLC mirror's authenticated ECR Public pull (login tokens only).
     "ecr-public:GetAuthorizationToken",
     "sts:GetServiceBearerToken",

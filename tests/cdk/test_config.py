@@ -13,8 +13,11 @@ from cdk_constructs.endpoint_operations import Autoscaling, DecisionSignalThresh
 from cdk_constructs.sagemaker_endpoint import (
     CpuPlacement,
     GpuPlacement,
+    LeastOutstandingRouting,
     Observability,
     PrefixAwareRouting,
+    Rollout,
+    TrafficShift,
 )
 from cdk_constructs.validation import PropsError
 from model_build.calibration import load_calibration
@@ -125,6 +128,15 @@ def test_standard_endpoint_takes_no_gpu_layers() -> None:
         )
     settings = StandardEndpointSettings(placement=CPU, context_size=4096, threads=8)
     assert settings.container_environment()["SM_LLAMA_CPP_N_GPU_LAYERS"] == "0"
+
+
+def test_standard_endpoint_serves_llama_servers_metrics_and_routes_by_load() -> None:
+    """SM_LLAMA_CPP_METRICS=true is the DLC's `--metrics`: llama-server then serves
+    `/metrics`, which the explicit MetricsConfig publishes."""
+    settings = StandardEndpointSettings(placement=CPU, context_size=4096, threads=8)
+    assert settings.container_environment()["SM_LLAMA_CPP_METRICS"] == "true"
+    assert settings.metrics == Observability()
+    assert settings.routing == LeastOutstandingRouting()
 
 
 def test_gpu_decision_endpoints_get_long_startup_timeouts() -> None:
@@ -288,6 +300,44 @@ def test_standard_endpoint_refuses_an_unknown_weight_buffer_setting() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (  # 5 minutes of pending, a minute's evaluation, a minute's publication
+            lambda: _decision(rollout=Rollout(wait_interval_seconds=419)),
+            r"^decision\.rollout: a 419 s bake \(wait_interval_seconds\) is shorter than the 420 s",
+        ),
+        (  # metrics published every 5 minutes: 660 s, past the shipped 600 s bake
+            lambda: _decision(metrics=Observability(publish_frequency_seconds=300)),
+            r"^decision\.rollout: a 600 s bake \(wait_interval_seconds\) is shorter than the 660 s",
+        ),
+        (  # the asynchronous endpoint always goes ALL_AT_ONCE, whatever the real-time one does
+            lambda: _decision(
+                rollout=Rollout(wait_interval_seconds=900),
+                metrics=Observability(publish_frequency_seconds=300),
+                async_endpoint=AsyncEndpointSettings(),
+            ),
+            r"^decision\.async_endpoint \(ALL_AT_ONCE\): a 600 s bake",
+        ),
+        (  # the 5XX rate alone: 3 breaching minutes and 2 of CloudWatch's delay
+            lambda: StandardEndpointSettings(
+                placement=CPU,
+                context_size=4096,
+                threads=8,
+                rollout=Rollout(wait_interval_seconds=299),
+            ),
+            r"^standard\.rollout: a 299 s bake \(wait_interval_seconds\) is shorter than the 300 s",
+        ),
+    ],
+)
+def test_a_bake_shorter_than_its_rollback_alarms_is_refused(build: Any, message: str) -> None:
+    """SageMaker watches the rollback alarms only during the bake: one they cannot fire
+    within would let a regression through."""
+    with pytest.raises(ConfigError, match=message):
+        build()
+    assert _decision(rollout=Rollout(traffic=TrafficShift.ALL_AT_ONCE, wait_interval_seconds=420))
+
+
 def test_request_deadline_may_use_all_of_the_realtime_window() -> None:
     assert _decision(request_timeout_seconds=55).request_timeout_seconds == 55
     assert _decision(queue_timeout_seconds=55, request_timeout_seconds=55)
@@ -351,7 +401,7 @@ def test_prefix_aware_routing_needs_two_instances_and_follows_the_batch() -> Non
             placement=gpu(), gpu_layers=-1, autoscaling=one, prefix_aware_routing=True
         )
     alone = DecisionEndpointSettings(placement=gpu(), gpu_layers=-1, autoscaling=one)
-    assert alone.routing is None  # off: nothing to refuse
+    assert alone.routing == LeastOutstandingRouting()  # off: the fewest requests in flight
     routing = _decision(prefix_aware_routing=True, max_batch_requests=12).routing
     assert routing == PrefixAwareRouting(prefix_length_bytes=1024, concurrency_threshold=12)
 
@@ -367,6 +417,10 @@ def test_prefix_aware_routing_needs_two_instances_and_follows_the_batch() -> Non
         (
             lambda: DecisionSignalThresholds(min_median_allowed_token_mass=1.0),
             "min_median_allowed_token_mass: 1.0 is outside",
+        ),
+        (
+            lambda: DecisionSignalThresholds(max_ms_per_decoded_row=0),
+            "max_ms_per_decoded_row: 0 must be > 0",
         ),
         (
             lambda: PrefixAwareRouting(prefix_length_bytes=512, concurrency_threshold=4),
@@ -438,6 +492,7 @@ def test_async_environment_lifts_the_deadline_and_sets_the_body_limit() -> None:
         **settings.container_environment(),
         "SEMIF_REQUEST_TIMEOUT_S": "3600.0",
         "SEMIF_MAX_LINES_BYTES": str(64 << 20),
+        "SEMIF_MAX_LINES": "100000",  # the adapter's default: more than a line per KiB
     }
     assert settings.container_environment()["SEMIF_REQUEST_TIMEOUT_S"] == "50.0"
     with pytest.raises(ConfigError, match=r"^decision\.async_endpoint: not set"):

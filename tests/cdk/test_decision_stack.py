@@ -20,6 +20,7 @@ from tests.cdk.support import (
     Synth,
     as_list,
     assert_role_policy_has,
+    dashboard_body,
     import_value,
     logical_id,
     resources,
@@ -188,7 +189,8 @@ def test_cpu_endpoint_config_uses_one_fixed_instance(synth: Synth) -> None:
 @pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
 def test_decision_config_turns_detailed_observability_on(synth: Synth, env: str) -> None:
     """SageMaker scrapes the adapter's /metrics (its default path for a BYO container) and
-    publishes it at the configured frequency; routing by prefix only where enabled (prod)."""
+    publishes it at the configured frequency; routing by prefix only where enabled (prod),
+    elsewhere to the instance with the fewest requests in flight."""
     settings = ENVIRONMENTS[env].decision
     routing = (
         {
@@ -199,7 +201,7 @@ def test_decision_config_turns_detailed_observability_on(synth: Synth, env: str)
             },
         }
         if env == "prod"
-        else Match.absent()
+        else {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
     )
     synth.template(env, "decision").has_resource_properties(
         "AWS::SageMaker::EndpointConfig",
@@ -302,9 +304,9 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
             ),
             "Resource": import_value("semif-dev-artifact", "ArtifactsKey"),
         },
-        {
+        {  # its own log group, and the transform jobs' streams (test_offline_batches.py)
             "Action": Match.array_with(["logs:PutLogEvents"]),
-            "Resource": {"Fn::GetAtt": [log_group_id, "Arn"]},
+            "Resource": Match.array_with([{"Fn::GetAtt": [log_group_id, "Arn"]}]),
         },
         {
             "Action": Match.array_with(["ecr:BatchGetImage"]),
@@ -324,7 +326,8 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
             "Action": "cloudwatch:DescribeAlarms",
             "Resource": [
                 {"Fn::GetAtt": [Match.string_like_regexp("^AlarmsVariant5xx"), "Arn"]},
-                {"Fn::GetAtt": [Match.string_like_regexp("^AlarmsVariantLatency"), "Arn"]},
+                {"Fn::GetAtt": [Match.string_like_regexp("^SignalsLetterMass"), "Arn"]},
+                {"Fn::GetAtt": [Match.string_like_regexp("^SignalsScoringSpeed"), "Arn"]},
             ],
         },
         {
@@ -393,20 +396,40 @@ def _promql(raw: Mapping[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
 def test_decision_signal_alarms_read_the_containers_metrics(synth: Synth, env: str) -> None:
-    """The 503 share and the median letter mass, from the adapter's /metrics as SageMaker
-    publishes them (labelled with the endpoint's name), notifying the topic both ways."""
+    """The 503 share, the seconds per decoded row and the median letter mass, from the
+    adapter's /metrics as SageMaker publishes them (labelled with the endpoint's name),
+    each with the environment's threshold, notifying the topic both ways."""
+    from cdk_constructs.endpoint_operations import (
+        letter_mass_query,
+        scoring_speed_query,
+        unavailable_query,
+    )
+
     name = endpoint_name(ENVIRONMENTS[env], EndpointKind.DECISION)
     thresholds = ENVIRONMENTS[env].decision.signal_alarms
     raw = synth.raw(env, "decision")
-    unavailable, mass = sorted(_promql(raw), key=lambda query: "histogram" in query)
     where = f'{{"aws.sagemaker.endpoint.name"="{name}"}}'
-    assert unavailable == (
-        f"sum(rate(semif_unavailable_total{where}[10m])) / "
-        f"sum(rate(semif_requests_total{where}[10m])) > "
-        f"{thresholds.max_unavailable_percent / 100:g}"
-    )
-    assert mass.startswith("histogram_quantile(0.5, sum by (le) (rate(semif_allowed_token_mass")
-    assert mass.endswith(f"< {thresholds.min_median_allowed_token_mass:g}")
+    evaluated = f'{{"aws.sagemaker.endpoint.name"="{name}",source="evaluated"}}'
+    expected = {
+        unavailable_query(name, thresholds.max_unavailable_percent): (
+            f"sum (rate(semif_unavailable_total{where}[10m])) / "
+            f"sum (rate(semif_requests_total{where}[10m])) > "
+            f"{thresholds.max_unavailable_percent / 100:g}"
+        ),
+        scoring_speed_query(name, thresholds.max_ms_per_decoded_row): (
+            f'sum by ("@resource.host.id") (rate(semif_pass_duration_seconds_sum{where}[10m]))'
+            f' / sum by ("@resource.host.id") (rate(semif_prompt_tokens_total{evaluated}[10m]))'
+            f" > {thresholds.max_ms_per_decoded_row / 1000:g}"
+        ),
+        letter_mass_query(name, thresholds.min_median_allowed_token_mass): (
+            'histogram_quantile(0.5, sum by (le, "@resource.host.id") '
+            f"(rate(semif_allowed_token_mass_bucket{where}[10m])))"
+            f" < {thresholds.min_median_allowed_token_mass:g}"
+        ),
+    }
+    assert all(query == spelled for query, spelled in expected.items())
+    queries = [query for query in _promql(raw) if where in query]
+    assert sorted(queries) == sorted(expected)
     for _, alarm in resources(raw, "AWS::CloudWatch::Alarm"):
         if "EvaluationCriteria" in alarm["Properties"]:
             assert alarm["Properties"]["AlarmActions"] == alarm["Properties"]["OKActions"]
@@ -423,25 +446,18 @@ def _metric_names(alarm: dict[str, Any]) -> set[str]:
     }
 
 
-def test_decision_alarms_cover_5xx_latency_and_instance_health(synth: Synth) -> None:
+def test_decision_alarms_cover_5xx_and_instance_health_not_latency(synth: Synth) -> None:
+    """No ModelLatency alarm: a request's queue wait (up to SEMIF_QUEUE_TIMEOUT_S) is in
+    it by design; latency is on the dashboard only."""
     thresholds = ENVIRONMENTS["prod"].decision.alarms
     template = synth.template("prod", "decision")
     alarms = _alarms(template.to_json())
     assert {frozenset(_metric_names(alarm)) for alarm in alarms} == {
         frozenset({"Invocation5XXErrors", "Invocations"}),
-        frozenset({"ModelLatency"}),
         frozenset({"MemoryUtilization"}),
         frozenset({"DiskUtilization"}),
     }
-    assert len(alarms) == 4
-    template.has_resource_properties(
-        "AWS::CloudWatch::Alarm",
-        {
-            "MetricName": "ModelLatency",
-            "ExtendedStatistic": "p95",
-            "Threshold": thresholds.p95_model_latency_ms * 1000,
-        },
-    )
+    assert len(alarms) == 3
     template.has_resource_properties(
         "AWS::CloudWatch::Alarm",
         {
@@ -466,29 +482,23 @@ def test_gpu_alarms_repeat_per_pool_instance_type(synth: Synth) -> None:
     placement = ENVIRONMENTS["gpu"].decision.placement
     assert isinstance(placement, GpuPlacement)
     template = synth.template("gpu", "decision")
-    # 5XX, latency, memory, disk and GPU memory, variant-wide and per pool type.
-    assert len(_alarms(template.to_json())) == 5 * (1 + len(placement.instance_pools))
-    latency = template.find_resources(
-        "AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "ModelLatency"}}
-    )
-    latency_types = {
+    # 5XX, memory, disk and GPU memory, variant-wide and per pool type.
+    assert len(_alarms(template.to_json())) == 4 * (1 + len(placement.instance_pools))
+    five_xx = [
+        alarm
+        for alarm in _alarms(template.to_json())
+        if "Invocation5XXErrors" in _metric_names(alarm)
+    ]
+    five_xx_types = {
         dimension["Value"]
-        for alarm in latency.values()
-        for dimension in alarm["Properties"]["Dimensions"]
+        for alarm in five_xx
+        for query in alarm["Metrics"]
+        if "MetricStat" in query
+        for dimension in query["MetricStat"]["Metric"]["Dimensions"]
         if dimension["Name"] == "InstanceType"
     }
-    assert latency_types == set(placement.instance_pools)
-
-
-def _dashboard_body(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The decision stack's one dashboard, its body parsed with each token (an alarm's ARN,
-    the region) replaced by a placeholder, and the logical ids of the alarms it names."""
-    ((_, dashboard),) = resources(raw, "AWS::CloudWatch::Dashboard")
-    parts = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
-    named = [part["Fn::GetAtt"][0] for part in parts if "Fn::GetAtt" in part]
-    text = "".join(part if isinstance(part, str) else "TOKEN" for part in parts)
-    body: dict[str, Any] = json.loads(text)
-    return {**body, "name": dashboard["Properties"]["DashboardName"]}, named
+    assert len(five_xx) == 1 + len(placement.instance_pools)
+    assert five_xx_types == set(placement.instance_pools)
 
 
 @pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
@@ -497,10 +507,19 @@ def test_decision_dashboard_shows_the_endpoint_its_alarms_and_its_signals(
 ) -> None:
     """Named like the endpoint; SageMaker's invocation, error, latency, instance and
     concurrency metrics of this endpoint; every alarm of the stack; and the PromQL of the
-    container's queue, batch fill, prefix hit ratio and abstention rate for this endpoint."""
+    container's queue, batch fill, scoring speed, letter mass, prefix hit ratio,
+    abstention rate, 429s (load) and 503s (failures) for this endpoint, the alarms' own
+    expressions among them."""
+    from cdk_constructs.endpoint_operations import (
+        median_allowed_token_mass,
+        refused_share,
+        seconds_per_decoded_row,
+        unavailable_share,
+    )
+
     name = endpoint_name(ENVIRONMENTS[env], EndpointKind.DECISION)
     raw = synth.raw(env, "decision")
-    body, named = _dashboard_body(raw)
+    body, named = dashboard_body(raw)
     assert body["name"] == name
     graphed = {
         metric[1]: metric[2:6]
@@ -525,22 +544,29 @@ def test_decision_dashboard_shows_the_endpoint_its_alarms_and_its_signals(
     assert sorted(named) == sorted(alarms - scaling_alarms(raw))
     (text,) = (w["properties"]["markdown"] for w in body["widgets"] if w["type"] == "text")
     queries = re.findall(r"`([^`]*semif_[^`]*)`", text)
-    assert len(queries) == 7
+    assert len(queries) == 12
     assert all(f'"aws.sagemaker.endpoint.name"="{name}"' in query for query in queries)
+    for expression in (seconds_per_decoded_row, median_allowed_token_mass):
+        assert expression(name) in queries  # exactly what the rollback alarms compare
+    for share in (refused_share, unavailable_share):
+        assert share(name) in queries
     for needed in (
         "semif_queue_depth",
         "semif_pass_requests_sum",
         'source="reused"',
         "semif_abstentions_total",
+        "sum by (cause) (rate(semif_refused_total",
+        "sum by (cause) (rate(semif_unavailable_total",
     ):
         assert any(needed in query for query in queries), needed
 
 
 def test_dashboard_queries_name_the_adapters_metrics() -> None:
-    """Every series a dashboard query reads is one the adapter exposes (a renamed metric
-    would leave an empty query behind), and every query selects one endpoint."""
+    """Every series a dashboard query (and so an alarm) reads is one the adapter exposes (a
+    renamed metric would leave an empty query behind), and every query selects one
+    endpoint."""
     from adapter.metrics import Metrics
-    from cdk_constructs.endpoint_dashboard import container_queries
+    from cdk_constructs.endpoint_dashboard import decision_queries
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     exposed = {
@@ -548,7 +574,7 @@ def test_dashboard_queries_name_the_adapters_metrics() -> None:
         for family in Metrics().registry.collect()
         for suffix in suffixes[family.type]
     }
-    queries = container_queries("semif-x-decision")
+    queries = decision_queries("semif-x-decision")
     read = {name for query in queries.values() for name in re.findall(r"semif_\w+", query)}
     assert read - exposed == set()
     assert all(

@@ -11,9 +11,11 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from cdk_constructs.endpoint_check import Probe
+from cdk_constructs.endpoint_check import HANDLER_TIMEOUT, SERIES_WAIT, Probe
+from cdk_constructs.endpoint_operations import ENDPOINT_LABEL
 from cdk_constructs.endpoint_probe import handler
 from stacks.endpoint_stacks import check_body
+from tests.cdk.support import Synth, resources, statements
 
 DECISION_BODY = check_body(Probe.DECISION)
 CHAT_BODY = check_body(Probe.CHAT)
@@ -217,3 +219,152 @@ def test_a_malformed_chat_answer_is_a_check_failure() -> None:
 
 def test_another_attempt_starts_only_if_a_worst_case_one_fits() -> None:
     assert handler.SAFETY_MARGIN_S > handler.CONNECT_TIMEOUT_S + handler.READ_TIMEOUT_S
+
+
+# -- the container series (PromQL alarms that would watch nothing) ------------------------
+
+ENDPOINT = "semif-dev-decision"
+QUERY = handler.series_query(handler.SERIES[0], ENDPOINT)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+        self.slept: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _counts(present: dict[str, int]) -> tuple[Any, list[str]]:
+    """count_series answered from `present` (query -> polls before its series shows up)."""
+    asked: list[str] = []
+
+    def count(query: str, start: float, end: float) -> int:
+        assert end - start == handler.LOOKBACK_S
+        asked.append(query)
+        return int(asked.count(query) > present.get(query, 10**9))
+
+    return count, asked
+
+
+def test_series_that_arrive_in_time_need_no_warning() -> None:
+    clock = Clock()
+    count, asked = _counts({QUERY: 2})
+    warning = handler.series_warning(
+        ENDPOINT, ["a"], clock.now, 180, lambda: 600.0, count, clock.time, clock.sleep
+    )
+    assert warning is None
+    assert (asked, clock.slept) == ([QUERY] * 3, [20.0, 20.0])
+
+
+def test_absent_series_are_a_warning_within_the_functions_time() -> None:
+    """Waited at most what the function has left (less a margin for the last calls)."""
+    clock = Clock()
+    count, _ = _counts({})
+    warning = handler.series_warning(
+        ENDPOINT, ["Unavailable"], clock.now, 180, lambda: 70.0, count, clock.time, clock.sleep
+    )
+    assert sum(clock.slept) == 70.0 - handler.SERIES_MARGIN_S
+    assert warning is not None
+    assert warning.startswith(f"no semif_requests_total series for {ENDPOINT} in CloudWatch 40 s")
+    assert "PromQL alarms (Unavailable) may watch nothing" in warning
+    assert warning.endswith(QUERY)
+
+
+def test_an_unreadable_series_is_a_warning() -> None:
+    def denied(query: str, start: float, end: float) -> int:
+        raise OSError("HTTP Error 403: Forbidden")
+
+    warning = handler.series_warning(ENDPOINT, [], 0.0, 180, lambda: 600.0, denied)
+    assert warning == (
+        f"could not read {ENDPOINT}'s container series (HTTP Error 403: Forbidden); check in "
+        f"CloudWatch Query Studio (PromQL): {QUERY}"
+    )
+
+
+def test_a_series_warning_is_in_the_result_and_never_fails_the_deploy() -> None:
+    event = _event()
+    event["ResourceProperties"] |= {"SeriesWaitSeconds": "180", "PromQLAlarms": ["Unavailable"]}
+    seen: list[tuple[Any, ...]] = []
+
+    def series(*args: Any) -> str:
+        seen.append(args[:4])
+        return "no semif_requests_total series"
+
+    runtime, stub = _runtime()
+    _expect_invoke(stub, DECISION_BODY, GOOD_DECISION)
+    with stub:
+        result = handler.on_event(event, Context(), runtime=runtime, series=series)
+    assert result["Data"]["Result"] == (
+        "decision yes=0.900, no=0.100; WARNING: no semif_requests_total series"
+    )
+    ((endpoint, alarms, _, wait_s),) = seen
+    assert (endpoint, alarms, wait_s) == (ENDPOINT, ["Unavailable"], 180.0)
+
+
+def test_the_chat_check_reads_no_series() -> None:
+    runtime, stub = _runtime()
+    _expect_invoke(stub, CHAT_BODY, GOOD_CHAT)
+    with stub:
+        result = handler.on_event(
+            _event(probe="chat"),
+            Context(),
+            runtime=runtime,
+            series=lambda *a: pytest.fail("read series"),
+        )
+    assert result["Data"]["Result"] == "chat reply 'OK'"
+
+
+def test_get_series_is_signed_for_cloudwatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    sent: list[Any] = []
+
+    def urlopen(request: Any, timeout: float) -> Any:
+        sent.append(request)
+        return io.BytesIO(json.dumps({"status": "success", "data": [{}, {}]}).encode())
+
+    monkeypatch.setattr("urllib.request.urlopen", urlopen)
+    assert handler.count_series(QUERY, 100.0, 200.0) == 2
+    (request,) = sent
+    assert request.full_url == "https://monitoring.eu-west-1.amazonaws.com/api/v1/series"
+    assert request.get_method() == "POST"
+    assert request.data == handler.series_form(QUERY, 100.0, 200.0)
+    assert "/eu-west-1/monitoring/aws4_request" in request.get_header("Authorization")
+
+
+def test_the_decision_check_names_its_promql_alarms_and_may_read_series(synth: Synth) -> None:
+    raw = synth.raw("dev", "decision")
+    ((_, check),) = resources(raw, "Custom::EndpointCheck")
+    properties = check["Properties"]
+    assert properties["SeriesWaitSeconds"] == SERIES_WAIT.to_seconds()
+    promql = {
+        name
+        for name, alarm in resources(raw, "AWS::CloudWatch::Alarm")
+        if f'"{ENDPOINT_LABEL}"="{ENDPOINT}"'
+        in json.dumps(alarm["Properties"].get("EvaluationCriteria", {})).replace('\\"', '"')
+    }
+    assert promql, "the decision stack has PromQL alarms on its endpoint"
+    assert {ref["Ref"] for ref in properties["PromQLAlarms"]} == promql
+    # The alarms' own metric is the one the check waits for.
+    queries = json.dumps([raw["Resources"][name]["Properties"] for name in promql])
+    assert handler.SERIES[0] in queries
+    assert handler.ENDPOINT_LABEL == ENDPOINT_LABEL
+    reads = [s for _, s in statements(raw) if s["Action"] == "cloudwatch:ListMetrics"]
+    assert [s["Resource"] for s in reads] == ["*"]
+    functions = [f for _, f in resources(raw, "AWS::Lambda::Function")]
+    assert HANDLER_TIMEOUT.to_seconds() in [f["Properties"].get("Timeout") for f in functions]
+
+
+def test_the_standard_check_reads_no_series(synth: Synth) -> None:
+    raw = synth.raw("dev", "standard")
+    ((_, check),) = resources(raw, "Custom::EndpointCheck")
+    assert "SeriesWaitSeconds" not in check["Properties"]
+    assert not [s for _, s in statements(raw) if s["Action"] == "cloudwatch:ListMetrics"]

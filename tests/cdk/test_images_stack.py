@@ -3,7 +3,9 @@ build project of each flavor."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
@@ -15,13 +17,20 @@ from aws_cdk.assertions import Capture, Match
 
 from cdk_constructs.build_project import QUEUED_TIMEOUT, RepoSource
 from cdk_constructs.deploy_time_build import MAX_BUILD_TIMEOUT, TOTAL_TIMEOUT
-from cdk_constructs.dlc_mirror import CRANE_VERSION, MIRROR_BUILD_TIMEOUT, mirror_tag
+from cdk_constructs.dlc_mirror import (
+    CRANE_VERSION,
+    MIRROR_BUILD_TIMEOUT,
+    PROGRAM,
+    DlcMirror,
+    mirror_tag,
+    pinned_digest,
+)
 from cdk_constructs.image_build import SOURCE_PATHS, ImageBuildProject, ImageFlavor, image_tag
 from cdk_constructs.validation import PropsError
-from stacks.config import REPO_ROOT
+from stacks.config import REPO_ROOT, DlcImages, EndpointKind
 from stacks.deployment import mirror_repository_name
-from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import Synth, as_list, resources, statements
+from stacks.environments import ENVIRONMENTS, PUBLISHED_DLC_IMAGES
+from tests.cdk.support import Synth, as_list, resources, statements, synthesize_environment
 
 
 def _repository_id(raw: Mapping[str, Any], *, mirror: bool) -> str:
@@ -131,30 +140,93 @@ def test_dlc_mirror_copies_the_pinned_digests_it_needs(synth: Synth, env: str) -
     if config.decision.uses_gpu:
         wanted["cuda"] = config.dlc_images.cuda
     pairs = " ".join(f"{mirror_tag(label, ref)}={ref}" for label, ref in sorted(wanted.items()))
-    spec = Capture()
+    # The standard endpoint serves the CPU DLC itself: its served digest is checked too.
+    served = config.dlc_images.cpu_served_digest or pinned_digest(config.dlc_images.cpu)
+    serves = f"{mirror_tag('cpu', config.dlc_images.cpu)}={served}"
+    variables = [Match.object_like({"Name": "MIRROR_IMAGES", "Value": pairs})]
+    if config.deploys(EndpointKind.STANDARD):
+        variables.append(Match.object_like({"Name": "MIRROR_SERVED", "Value": serves}))
+    spec, location = Capture(), Capture()
     template.has_resource_properties(
         "AWS::CodeBuild::Project",
         {
-            "Source": {"Type": "NO_SOURCE", "BuildSpec": spec},
+            "Source": {"Type": "S3", "BuildSpec": spec, "Location": location},
             "TimeoutInMinutes": MIRROR_BUILD_TIMEOUT.to_minutes(),
             "QueuedTimeoutInMinutes": QUEUED_TIMEOUT.to_minutes(),
             "Environment": Match.object_like(
                 {
                     "PrivilegedMode": False,
-                    "EnvironmentVariables": Match.array_with(
-                        [Match.object_like({"Name": "MIRROR_IMAGES", "Value": pairs})]
-                    ),
+                    "EnvironmentVariables": Match.array_with(variables),
                 }
             ),
         },
     )
+    names = [
+        v["Name"]
+        for _, p in resources(template.to_json(), "AWS::CodeBuild::Project")
+        for v in p["Properties"]["Environment"]["EnvironmentVariables"]
+    ]
+    assert ("MIRROR_SERVED" in names) == config.deploys(EndpointKind.STANDARD)
     buildspec = yaml.safe_load(spec.as_string())
     script = "\n".join(buildspec["phases"]["build"]["commands"])
-    install = " ".join(buildspec["phases"]["install"]["commands"])
-    assert f"crane@{CRANE_VERSION}" in install
-    assert 'crane copy "${source}"' in script
-    assert '"${copied}" != "${digest}"' in script  # the copy must keep the pinned digest
+    install = buildspec["phases"]["install"]
+    assert f"crane@{CRANE_VERSION}" in " ".join(install["commands"])
+    assert install["runtime-versions"]["python"] == "3.12"
+    # Copy, verify, serve: the program, given the project's variables.
+    program = f'python3 {PROGRAM} "${{MIRROR_REPOSITORY_URI}}" "${{MIRROR_IMAGES}}"'
+    assert script.rstrip().endswith(f'{program} "${{MIRROR_SERVED:-}}"')
+    # The build's source is the program alone, so nothing else re-runs the copy.
+    asset = str(location.as_object()["Fn::Join"][1][-1]).strip("/").removesuffix(".zip")
+    shipped = [
+        p.relative_to(synth.outdir / f"asset.{asset}")
+        for p in (synth.outdir / f"asset.{asset}").rglob("*")
+        if p.is_file()
+    ]
+    assert [str(path) for path in shipped] == [PROGRAM]
     template.resource_count_is("Custom::DeployTimeBuild", 1)
+
+
+def _mirror(served: dict[str, str | None]) -> DlcMirror:
+    stack = cdk.Stack(cdk.App(), "Probe")
+    key = kms.Key(stack, "Key")
+    images = {
+        "cpu": "public.ecr.aws/dlc@sha256:" + "1" * 64,
+        "cuda": "public.ecr.aws/dlc@sha256:" + "2" * 64,
+    }
+    return DlcMirror(
+        stack,
+        "Mirror",
+        repository_name="semif-x/llama-cpp-dlc",
+        images=images,
+        served=served,
+        repo_root=REPO_ROOT,
+        encryption_key=key,
+        log_key=key,
+    )
+
+
+def test_the_mirror_serves_the_pinned_served_digest_and_builds_upon_the_pin() -> None:
+    mirror = _mirror({"cpu": "sha256:" + "3" * 64})
+    assert mirror.image("cpu").digest == "sha256:" + "3" * 64
+    assert (
+        "sha256:" + "1" * 64
+        in cdk.Stack.of(mirror).resolve(mirror.pull_uri("cpu"))["Fn::Join"][1][-1]
+    )
+    assert _mirror({"cpu": None}).image("cpu").digest == "sha256:" + "1" * 64
+    with pytest.raises(PropsError, match="'cuda' is not served"):
+        mirror.image("cuda")
+
+
+@pytest.mark.parametrize(
+    ("served", "message"),
+    [
+        ({"gpu": None}, "served 'gpu': not one of the mirrored"),
+        ({"cpu": "sha256:abc"}, "image.digest: 'sha256:abc' is not"),
+    ],
+)
+def test_the_mirror_refuses_bad_served_images(served: dict[str, str | None], message: str) -> None:
+    with pytest.raises(PropsError, match=message):
+        _mirror(served)
 
 
 def test_builds_end_before_the_waiter_gives_up() -> None:
@@ -202,4 +274,32 @@ def test_image_build_refuses_a_mutable_base_image() -> None:
             repository=repository,
             encryption_key=kms.Key(stack, "Key"),
             removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+
+
+def test_a_pinned_served_digest_is_what_the_standard_endpoint_serves(tmp_path: Path) -> None:
+    """An index or OCI pin: the standard model names the served digest the config pins,
+    and the mirror build is told to check exactly that one."""
+    config = ENVIRONMENTS["dev"]
+    served = "sha256:" + "5" * 64
+    images = dataclasses.replace(config.dlc_images, cpu_served_digest=served)
+    assembly = synthesize_environment(dataclasses.replace(config, dlc_images=images), tmp_path)
+    standard = assembly.get_stack_by_name("semif-dev-standard").template
+    ((_, model),) = resources(standard, "AWS::SageMaker::Model")
+    image = model["Properties"]["PrimaryContainer"]["Image"]["Fn::Join"][1][-1]
+    assert image == f"/semif-dev/llama-cpp-dlc@{served}"
+    mirror = assembly.get_stack_by_name("semif-dev-images").template
+    variables = [
+        v
+        for _, project in resources(mirror, "AWS::CodeBuild::Project")
+        for v in project["Properties"]["Environment"]["EnvironmentVariables"]
+    ]
+    serves = [v["Value"] for v in variables if v["Name"] == "MIRROR_SERVED"]
+    assert serves == [f"{mirror_tag('cpu', config.dlc_images.cpu)}={served}"]
+
+
+def test_a_served_digest_must_be_a_digest() -> None:
+    with pytest.raises(PropsError, match=r"dlc_images\.cpu_served_digest: 'latest' is not a"):
+        DlcImages(
+            cpu=PUBLISHED_DLC_IMAGES.cpu, cuda=PUBLISHED_DLC_IMAGES.cuda, cpu_served_digest="latest"
         )

@@ -67,6 +67,20 @@ def _async_name(env: str) -> str:
     return f"{endpoint_name(ENVIRONMENTS[env], EndpointKind.DECISION)}-async"
 
 
+def _transform_logs(region: str, suffix: str) -> dict[str, Any]:
+    """SageMaker's transform log group (`suffix` "") or its streams (":*") in `region`."""
+    return {
+        "Fn::Join": [
+            "",
+            [
+                f"arn:aws:logs:{region}:",
+                {"Ref": "AWS::AccountId"},
+                f":log-group:/aws/sagemaker/TransformJobs{suffix}",
+            ],
+        ]
+    }
+
+
 # --- A. transform jobs on the decision model -------------------------------------------
 
 
@@ -94,23 +108,9 @@ def test_the_decision_role_runs_transform_jobs_on_exact_prefixes(synth: Synth, e
             "Resource": _objects(env, "batch/output/"),
         },
         {"Action": "kms:Encrypt", "Resource": _key(env)},
-        {
-            "Action": [
-                "logs:CreateLogGroup",
-                "logs:CreateLogStream",
-                "logs:DescribeLogStreams",
-                "logs:PutLogEvents",
-            ],
-            "Resource": {
-                "Fn::Join": [
-                    "",
-                    [
-                        f"arn:aws:logs:{region}:",
-                        {"Ref": "AWS::AccountId"},
-                        ":log-group:/aws/sagemaker/TransformJobs:*",
-                    ],
-                ]
-            },
+        {  # CreateLogGroup authorizes against the group's own ARN, and only that
+            "Action": "logs:CreateLogGroup",
+            "Resource": _transform_logs(region, ""),
         },
         {
             "Action": "cloudwatch:PutMetricData",
@@ -119,6 +119,35 @@ def test_the_decision_role_runs_transform_jobs_on_exact_prefixes(synth: Synth, e
         },
     ]
     assert_role_policy_has(template, "DecisionExecutionRole", expected)
+    # The streams (the endpoint's own log group's statement, merged: the same actions).
+    template.has_resource_properties(
+        "AWS::IAM::Policy",
+        {
+            "Roles": [{"Ref": Match.string_like_regexp("^DecisionExecutionRole")}],
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        {
+                            "Action": [
+                                "logs:CreateLogStream",
+                                "logs:DescribeLogStreams",
+                                "logs:PutLogEvents",
+                            ],
+                            "Effect": "Allow",
+                            "Resource": Match.array_with([_transform_logs(region, ":*")]),
+                        }
+                    ]
+                )
+            },
+        },
+    )
+    creates = [
+        s
+        for s in _role_statements(synth.raw(env, "decision"), "DecisionExecutionRole")
+        if "logs:CreateLogGroup" in as_list(s["Action"])
+    ]
+    assert len(creates) == 1
+    assert creates[0]["Action"] == "logs:CreateLogGroup"  # nothing else on the bare ARN
     # Nothing else of the bucket: the model object, the batch input and the batch output.
     role = _role_statements(synth.raw(env, "decision"), "DecisionExecutionRole")
     suffixes = {
@@ -204,7 +233,11 @@ def test_async_config_writes_answers_and_failures_encrypted_and_notifies(
                     "MaxConcurrentInvocationsPerInstance": settings.async_invocations_per_instance
                 },
             },
-            "MetricsConfig": Match.absent(),  # no detailed observability
+            # Detailed observability set explicitly: its signals and PromQL alarms read it.
+            "MetricsConfig": {
+                "EnableDetailedObservability": True,
+                "MetricPublishFrequencyInSeconds": settings.metrics.publish_frequency_seconds,
+            },
             "ProductionVariants": [
                 Match.object_like(
                     {
@@ -264,20 +297,31 @@ def test_async_model_serves_the_same_image_and_artifact_with_async_limits(
         **realtime["PrimaryContainer"]["Environment"],
         "SEMIF_REQUEST_TIMEOUT_S": "3600.0",
         "SEMIF_MAX_LINES_BYTES": str(1 << 30),
+        "SEMIF_MAX_LINES": str(1 << 20),  # a line per KiB of a whole file
     }
     assert realtime["PrimaryContainer"]["Environment"]["SEMIF_REQUEST_TIMEOUT_S"] == "50.0"
 
 
 @pytest.mark.parametrize("env", ASYNC_ENVS)
-def test_async_endpoint_has_no_rollout_and_no_synchronous_check(synth: Synth, env: str) -> None:
+def test_async_endpoint_rolls_out_its_own_instance_and_has_no_synchronous_check(
+    synth: Synth, env: str
+) -> None:
+    """Blue/green all at once, baked 10 minutes; an update starts the config's one
+    instance instead of retaining a count that may be zero (which would deploy the new
+    model onto no instance, unstarted and unwatched). Its rollback alarms:
+    test_operations.py."""
     raw = synth.raw(env, "decision")
     (endpoint,) = [
         e["Properties"]
         for _, e in resources(raw, "AWS::SageMaker::Endpoint")
         if e["Properties"]["EndpointName"] == _async_name(env)
     ]
-    assert "DeploymentConfig" not in endpoint
-    assert endpoint["RetainAllVariantProperties"] is True
+    policy = endpoint["DeploymentConfig"]["BlueGreenUpdatePolicy"]
+    assert policy["TrafficRoutingConfiguration"] == {
+        "Type": "ALL_AT_ONCE",
+        "WaitIntervalInSeconds": 600,
+    }
+    assert endpoint["RetainAllVariantProperties"] is False
     ((_, check),) = resources(raw, "Custom::EndpointCheck")
     assert (
         check["Properties"]["EndpointName"]
@@ -423,6 +467,23 @@ def test_async_alarms_watch_the_oldest_request_not_latency(synth: Synth, env: st
             "OKActions": [topic],
         },
     )
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "MetricName": "InvocationFailures",
+            "Namespace": "AWS/SageMaker",
+            "Dimensions": [
+                {"Name": "EndpointName", "Value": name},
+                {"Name": "VariantName", "Value": "AllTraffic"},
+            ],
+            "Statistic": "Sum",
+            "Threshold": 0,
+            "ComparisonOperator": "GreaterThanThreshold",
+            "EvaluationPeriods": 5,
+            "DatapointsToAlarm": 3,
+            "AlarmActions": [topic],
+        },
+    )
     watched = {
         alarm["Properties"].get("MetricName")
         for _, alarm in resources(template.to_json(), "AWS::CloudWatch::Alarm")
@@ -430,6 +491,7 @@ def test_async_alarms_watch_the_oldest_request_not_latency(synth: Synth, env: st
     }
     assert watched == {
         "ApproximateAgeOfOldestRequest",
+        "InvocationFailures",
         "HasBacklogWithoutCapacity",
         "MemoryUtilization",
         "DiskUtilization",

@@ -33,27 +33,146 @@ def _env(stack: str) -> str:
 
 
 @pytest.mark.parametrize("stack", ENDPOINT_STACKS)
-def test_updates_keep_the_instance_count_and_roll_back_on_alarms(synth: Synth, stack: str) -> None:
+def test_updates_roll_out_blue_green_with_rollback_alarms(synth: Synth, stack: str) -> None:
     raw = synth.templates[stack]
     for _, endpoint in resources(raw, "AWS::SageMaker::Endpoint"):
-        # Every endpoint keeps its count; the asynchronous one has no DeploymentConfig
-        # (SageMaker's default update, see endpoint_stacks._add_async_endpoint).
-        assert endpoint["Properties"]["RetainAllVariantProperties"] is True
-        is_async = endpoint["Properties"]["EndpointName"].endswith("-async")
-        assert ("DeploymentConfig" in endpoint["Properties"]) != is_async
+        props = endpoint["Properties"]
+        # The real-time endpoints keep their count; the asynchronous one starts its config's
+        # one instance at each update (endpoint_stacks._add_async_endpoint).
+        is_async = props["EndpointName"].endswith("-async")
+        assert props["RetainAllVariantProperties"] is not is_async
+        alarms = props["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
+        assert alarms
+        # The alarms exist before the endpoint: they never depend on it.
+        for alarm in alarms:
+            assert "DependsOn" not in raw["Resources"][alarm["AlarmName"]["Ref"]]
     _, endpoint = realtime_endpoint(raw)
-    props = endpoint["Properties"]
-    policy = props["DeploymentConfig"]["BlueGreenUpdatePolicy"]
+    policy = endpoint["Properties"]["DeploymentConfig"]["BlueGreenUpdatePolicy"]
     settings = ENVIRONMENTS[_env(stack)]
     rollout = (settings.decision if stack.endswith("decision") else settings.standard).rollout
     assert policy["TrafficRoutingConfiguration"]["Type"] == rollout.traffic.value
-    alarms = props["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
-    alarm_ids = {alarm["AlarmName"]["Ref"] for alarm in alarms}
-    kinds = {raw["Resources"][i]["Properties"]["AlarmDescription"].split(" ")[0] for i in alarm_ids}
-    assert kinds == {"5XX", "p95"}
-    # The alarms exist before the endpoint: they never depend on it.
-    for alarm_id in alarm_ids:
-        assert "DependsOn" not in raw["Resources"][alarm_id]
+    # Baked long enough for the slowest rollback alarm to fire (stacks/config.py).
+    assert policy["TrafficRoutingConfiguration"]["WaitIntervalInSeconds"] >= 420
+
+
+def _reads(alarm: dict[str, Any]) -> str:
+    """What an alarm reads: a PromQL alarm its query; a metric alarm its namespace, metric
+    names and dimensions."""
+    props = alarm["Properties"]
+    if "EvaluationCriteria" in props:
+        return str(props["EvaluationCriteria"]["PromQLCriteria"]["Query"])
+    stats = [q["MetricStat"]["Metric"] for q in props.get("Metrics", []) if "MetricStat" in q]
+    metrics = stats or [props]
+    names = "+".join(sorted(metric["MetricName"] for metric in metrics))
+    dimensions = ",".join(
+        f"{d['Name']}={d['Value']}"
+        for d in sorted(metrics[0]["Dimensions"], key=lambda d: d["Name"])
+    )
+    return f"{metrics[0]['Namespace']} {names} {{{dimensions}}}"
+
+
+def _rollback_reads(raw: dict[str, Any], endpoint_name: str) -> set[str]:
+    ((_, endpoint),) = [
+        (name, e)
+        for name, e in resources(raw, "AWS::SageMaker::Endpoint")
+        if e["Properties"]["EndpointName"] == endpoint_name
+    ]
+    alarms = endpoint["Properties"]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
+    reads = [_reads(raw["Resources"][alarm["AlarmName"]["Ref"]]) for alarm in alarms]
+    assert len(reads) == len(set(reads)) <= 10  # SageMaker's most
+    return set(reads)
+
+
+def _five_xx(endpoint_name: str, instance_type: str | None = None) -> str:
+    typed = "" if instance_type is None else f"InstanceType={instance_type},"
+    return (
+        f"AWS/SageMaker Invocation5XXErrors+Invocations "
+        f"{{EndpointName={endpoint_name},{typed}VariantName=AllTraffic}}"
+    )
+
+
+def _speed(name: str, limit_s: str) -> str:
+    """The ScoringSpeed query, spelled out: seconds per decoded row, per instance."""
+    where = f'{{"aws.sagemaker.endpoint.name"="{name}"}}'
+    evaluated = f'{{"aws.sagemaker.endpoint.name"="{name}",source="evaluated"}}'
+    return (
+        f'sum by ("@resource.host.id") (rate(semif_pass_duration_seconds_sum{where}[10m])) / '
+        f'sum by ("@resource.host.id") (rate(semif_prompt_tokens_total{evaluated}[10m]))'
+        f" > {limit_s}"
+    )
+
+
+def _mass(name: str) -> str:
+    """The LetterMass query, spelled out: the median letter mass, per instance."""
+    where = f'{{"aws.sagemaker.endpoint.name"="{name}"}}'
+    return (
+        'histogram_quantile(0.5, sum by (le, "@resource.host.id") '
+        f"(rate(semif_allowed_token_mass_bucket{where}[10m]))) < 0.5"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "endpoint_name", "expected"),
+    [
+        (  # CPU: the variant's 5XX rate, the model's speed (10 ms a row) and letter mass
+            "dev",
+            "semif-dev-decision",
+            {
+                _five_xx("semif-dev-decision"),
+                _speed("semif-dev-decision", "0.01"),
+                _mass("semif-dev-decision"),
+            },
+        ),
+        (  # CPU, Qwen3.5-4B: 40 ms a row
+            "prod",
+            "semif-prod-decision",
+            {
+                _five_xx("semif-prod-decision"),
+                _speed("semif-prod-decision", "0.04"),
+                _mass("semif-prod-decision"),
+            },
+        ),
+        (  # GPU pools: the 5XX rate of each pool type (its metrics carry InstanceType); 5 ms
+            "gpu",
+            "semif-gpu-decision",
+            {
+                *(
+                    _five_xx("semif-gpu-decision", pool)
+                    for pool in (
+                        "ml.g6e.xlarge",
+                        "ml.g6.2xlarge",
+                        "ml.g5.2xlarge",
+                        "ml.g4dn.2xlarge",
+                    )
+                ),
+                _speed("semif-gpu-decision", "0.005"),
+                _mass("semif-gpu-decision"),
+            },
+        ),
+        (  # asynchronous: failed invocations (no Invocations there) and its own signals
+            "dev",
+            "semif-dev-decision-async",
+            {
+                "AWS/SageMaker InvocationFailures "
+                "{EndpointName=semif-dev-decision-async,VariantName=AllTraffic}",
+                _speed("semif-dev-decision-async", "0.01"),
+                _mass("semif-dev-decision-async"),
+            },
+        ),
+        ("dev", "semif-dev-standard", {_five_xx("semif-dev-standard")}),
+    ],
+)
+def test_rollback_alarms_read_failures_and_model_regressions_only(
+    synth: Synth, env: str, endpoint_name: str, expected: set[str]
+) -> None:
+    """Exactly these alarms gate a rollback, each reading exactly this. Not latency (queue
+    waits are in ModelLatency by design), not load (429s, the refused share), not the age of
+    the asynchronous queue (it pages only: endpoint_operations.AsyncEndpointAlarms)."""
+    unit = "standard" if endpoint_name.endswith("standard") else "decision"
+    reads = _rollback_reads(synth.raw(env, unit), endpoint_name)
+    assert reads == expected
+    for load_or_latency in ("ModelLatency", "semif_refused", "Invocation4XX", "OldestRequest"):
+        assert not any(load_or_latency in read for read in reads)
 
 
 def test_prod_canaries_one_instance(synth: Synth) -> None:
@@ -238,18 +357,9 @@ def test_scaling_uses_the_service_linked_role(synth: Synth, env: str) -> None:
     assert not [name for name in roles if name.startswith(("Scaling", "AsyncScaling"))]
 
 
-def _rollback_alarm_descriptions(raw: dict[str, Any]) -> list[str]:
-    _, endpoint = realtime_endpoint(raw)
-    alarms = endpoint["Properties"]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
-    return [
-        raw["Resources"][alarm["AlarmName"]["Ref"]]["Properties"]["AlarmDescription"]
-        for alarm in alarms
-    ]
-
-
-def test_pool_endpoints_roll_back_on_their_per_type_alarms(tmp_path: Path) -> None:
-    """With pools, the metrics carry InstanceType: rollback watches each type's 5XX and
-    latency alarms, which for SageMaker's maximum of 5 pools is exactly its 10 alarms."""
+def test_pool_endpoints_roll_back_on_their_per_type_5xx_alarms(tmp_path: Path) -> None:
+    """With SageMaker's most pools (5), rollback watches each type's 5XX rate and the two
+    model alarms: 7 of SageMaker's 10."""
     gpu = ENVIRONMENTS["gpu"]
     placement = gpu.decision.placement
     assert isinstance(placement, GpuPlacement)
@@ -259,13 +369,6 @@ def test_pool_endpoints_roll_back_on_their_per_type_alarms(tmp_path: Path) -> No
     config = dataclasses.replace(gpu, decision=dataclasses.replace(gpu.decision, placement=five))
     assembly = synthesize_environment(config, tmp_path)
     raw = assembly.get_stack_by_name("semif-gpu-decision").template
-    descriptions = _rollback_alarm_descriptions(raw)
-    assert len(descriptions) == 10
-    for pool in five.instance_pools:
-        assert sum(f" on {pool} " in text for text in descriptions) == 2
-
-
-def test_endpoints_without_pools_roll_back_on_the_variant_alarms(synth: Synth) -> None:
-    descriptions = _rollback_alarm_descriptions(synth.templates["semif-dev-decision"])
-    assert len(descriptions) == 2
-    assert not any(" on ml." in text for text in descriptions)
+    reads = _rollback_reads(raw, "semif-gpu-decision")
+    assert len(reads) == 7
+    assert {_five_xx("semif-gpu-decision", pool) for pool in five.instance_pools} < reads

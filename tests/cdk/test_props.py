@@ -87,7 +87,6 @@ def test_gpu_pool_bounds_are_inclusive() -> None:
         (lambda: ModelCalibration(path="../up.json", sha256="a" * 64), "calibration.path"),
         (lambda: ModelCalibration(path="c.json", sha256="A" * 64), "calibration.sha256"),
         (lambda: AlarmThresholds(five_xx_rate_percent=0), "five_xx_rate_percent"),
-        (lambda: AlarmThresholds(p95_model_latency_ms=0), "p95_model_latency_ms"),
         (lambda: AlarmThresholds(max_disk_utilization_percent=120), "max_disk_utilization"),
         (
             lambda: NetworkSettings(subnet_ids=(), security_group_ids=("sg-0123456789abcdef0",)),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 from aws_cdk.assertions import Match
 
+from cdk_constructs.endpoint_dashboard import standard_queries
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import Synth, resources
+from tests.cdk.support import Synth, dashboard_body, resources
 
 
 def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> None:
@@ -40,6 +42,7 @@ def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> N
                             "SM_LLAMA_CPP_CTX_SIZE": str(config.standard.context_size),
                             "SM_LLAMA_CPP_THREADS": str(config.standard.threads),
                             "SM_LLAMA_CPP_N_GPU_LAYERS": "0",
+                            "SM_LLAMA_CPP_METRICS": "true",  # llama-server's --metrics
                         }
                     ),
                 }
@@ -50,14 +53,19 @@ def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> N
     template.has_resource_properties(
         "AWS::SageMaker::EndpointConfig",
         {
+            "MetricsConfig": {
+                "EnableDetailedObservability": True,
+                "MetricPublishFrequencyInSeconds": 60,
+            },
             "ProductionVariants": [
                 Match.object_like(
                     {
                         "InstanceType": config.standard.placement.instance_type,
                         "InstancePools": Match.absent(),
+                        "RoutingConfig": {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"},
                     }
                 )
-            ]
+            ],
         },
     )
     template.resource_count_is("AWS::SageMaker::Endpoint", 1)
@@ -65,7 +73,7 @@ def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> N
         "AWS::SageMaker::Endpoint", {"EndpointName": "semif-dev-standard"}
     )
     template.has_output("StandardImageUri", {"Value": mirrored})
-    template.resource_count_is("AWS::CloudWatch::Alarm", 4)
+    template.resource_count_is("AWS::CloudWatch::Alarm", 3)  # 5XX rate, memory, disk
 
 
 def test_standard_stack_waits_for_the_mirror(synth: Synth) -> None:
@@ -74,6 +82,36 @@ def test_standard_stack_waits_for_the_mirror(synth: Synth) -> None:
     assert "semif-dev-images" in dependencies
 
 
-def test_only_the_decision_endpoint_has_a_dashboard(synth: Synth) -> None:
-    """The standard endpoint serves the DLC's own metrics; the dashboard reads the adapter's."""
-    assert not list(resources(synth.raw("dev", "standard"), "AWS::CloudWatch::Dashboard"))
+def test_standard_dashboard_shows_llama_servers_own_metrics(synth: Synth) -> None:
+    """Named like the endpoint, its alarms' states, SageMaker's graphs of it, and PromQL
+    for llama-server's slots and token speeds (`llamacpp:*`), each selecting it."""
+    raw = synth.raw("dev", "standard")
+    body, named = dashboard_body(raw)
+    assert body["name"] == "semif-dev-standard"
+    assert sorted(named) == sorted(name for name, _ in resources(raw, "AWS::CloudWatch::Alarm"))
+    graphed = {
+        tuple(metric[1:6])
+        for widget in body["widgets"]
+        if widget["type"] == "metric"
+        for metric in widget["properties"]["metrics"]
+    }
+    assert (
+        "Invocation5XXErrors",
+        "EndpointName",
+        "semif-dev-standard",
+        "VariantName",
+        "AllTraffic",
+    ) in graphed
+    (text,) = (w["properties"]["markdown"] for w in body["widgets"] if w["type"] == "text")
+    queries = re.findall(r"^- \*\*[^*]+\*\*: `(.*)`$", text, re.MULTILINE)
+    assert queries == list(standard_queries("semif-dev-standard").values())
+    read = {name for query in queries for name in re.findall(r"llamacpp:\w+", query)}
+    assert read == {
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:prompt_seconds_total",
+        "llamacpp:tokens_predicted_total",
+        "llamacpp:tokens_predicted_seconds_total",
+    }
+    assert all('"aws.sagemaker.endpoint.name"="semif-dev-standard"' in query for query in queries)

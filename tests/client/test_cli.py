@@ -18,7 +18,7 @@ import pytest
 from adapter.app import create_app
 from adapter.settings import Settings
 from client.cli import main
-from tests.client.scripted import aws_error, busy, scripted_server
+from tests.client.scripted import Answer, aws_error, busy, model_error, scripted_server
 from tests.support.live_server import live_server
 from tests.support.serving import REPO
 
@@ -214,6 +214,21 @@ def test_busy_retries_follow_the_options_and_botocore_adds_none(
         r"last answer: ThrottlingException: Rate exceeded\n",
         err,
     )
+
+
+def test_an_overload_429_through_sagemaker_is_retried_with_its_place(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The adapter's load refusal (429, retryable, a retry token) reaches `semif` as a
+    ModelError; the CLI waits the body's hint and sends the token back."""
+    refusal = busy(429, retry_after_seconds=0, retry_token="place-3")
+    answer = {"result": {"id": "x", "option_ids": [], "probabilities": []}}
+    with scripted_server(model_error(refusal), Answer(200, answer)) as server:
+        sagemaker = ["--endpoint-name", "semif", "--region", "us-east-1"]
+        argv = ["decide", "-", *sagemaker, "--endpoint-url", server.url, "--json"]
+        code, out, err = run(capsys, *argv, stdin='{"decision": {}}')
+    assert (code, json.loads(out)) == (0, answer), err
+    assert server.attributes == [None, "semif-retry-token=place-3"]
 
 
 def test_the_retry_budget_option(capsys: pytest.CaptureFixture[str]) -> None:

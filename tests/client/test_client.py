@@ -173,30 +173,32 @@ def draining(server: BusyFirst, monkeypatch: pytest.MonkeyPatch) -> None:
     about a second apart, so a test of retries waits seconds, not the drain of 256."""
     service = server.runtime.service
     assert service is not None
-    monkeypatch.setattr(service.scheduler, "_drain_seconds", lambda waiting: 0.0)
+    monkeypatch.setattr(service.scheduler.admission, "_drain_seconds", lambda waiting: 0.0)
 
 
 @pytest.mark.usefixtures("draining")
 def test_the_servers_retry_after_is_waited_plus_jitter_and_its_token_sent_back(
     server: BusyFirst, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The real server's busy 503 carries its Retry-After and a place in its retry line:
+    """The real server's busy 429 carries its Retry-After and a place in its retry line:
     the client waits the hint plus jitter and sends the token back with the retry, which
     keeps the place (the same token, never an earlier time); backoff without a hint, the
     budget and the other hints are in test_retry.py."""
     service = server.runtime.service
     assert service is not None
-    scheduler = service.scheduler
+    line = service.scheduler.admission._line
     given: list[Refusal] = []
     brought: list[str | None] = []
-    refuse = scheduler._refuse
+    refuse = line.refuse
 
-    def spy(earliest: float, retry_token: str | None = None) -> Refusal:
-        brought.append(retry_token)
-        given.append(refuse(earliest, retry_token))
+    def spy(
+        now: float, *, earliest_s: float, request_s: float, token: str | None = None
+    ) -> Refusal:
+        brought.append(token)
+        given.append(refuse(now, earliest_s=earliest_s, request_s=request_s, token=token))
         return given[-1]
 
-    monkeypatch.setattr(scheduler, "_refuse", spy)
+    monkeypatch.setattr(line, "refuse", spy)
     sleeps: list[float] = []
     policy = RetryPolicy()
     client = DecisionClient(
@@ -225,7 +227,7 @@ def test_busy_through_every_attempt_raises_busy_error(server: BusyFirst, url: st
         client.decide(decision())
     assert server.posts == posts + FAST.max_attempts
     assert len(sleeps) == FAST.max_attempts - 1
-    assert raised.value.status == 503
+    assert raised.value.status == 429
     assert raised.value.message.startswith("gave up after 4 attempts over ")
     assert raised.value.message.endswith(
         "(the attempt limit is 4); last answer: busy: 256 requests are queued (SEMIF_MAX_QUEUE=256)"
@@ -284,7 +286,7 @@ def test_client_on_the_sagemaker_path(server: BusyFirst, url: str) -> None:
         400,
         "decision.options: has 0 options; allowed 2..16",
     )
-    server.busy = 2  # the container's 503 arrives as a ModelError and is retried
+    server.busy = 2  # the container's 429 arrives as a ModelError and is retried
     assert client.systemone("s", {"q": {"type": "noul", "instructions": "Yes?"}}).answers
     assert len(sleeps) == 2
     assert min(sleeps) >= 1  # the local SageMaker route keeps the container's Retry-After

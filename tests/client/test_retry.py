@@ -4,6 +4,8 @@ socket in both transports. A fake clock stands in for time: nothing here sleeps.
 
 from __future__ import annotations
 
+import io
+import json
 import random
 import re
 from collections.abc import Callable
@@ -287,6 +289,67 @@ def test_sagemaker_busy_errors_are_retried_by_the_policy_alone(
     assert raised.value.message.endswith(f"last answer: {code}: Rate exceeded")
 
 
+# What reaches an InvokeEndpoint caller when the container refuses for load with 429: a
+# ModelError (HTTP 424) carrying OriginalStatusCode 429 and the container's body, as for any
+# container 4xx/5xx; SageMaker's own ThrottlingException is retried all the same.
+OVERLOAD = busy(429, retry_after_seconds=2, retry_token="place-7")
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [model_error(OVERLOAD), aws_error(400, "ThrottlingException", "Rate exceeded")],
+    ids=["model-error-429", "throttling"],
+)
+def test_an_overloaded_endpoint_is_retried_in_either_shape(fake: FakeTime, shape: Answer) -> None:
+    with scripted_server(shape, OK) as server:
+        client = over_sagemaker(server, fake, RetryPolicy(), Draws(0.0))
+        assert client.invoke(REQUEST) == OK.body
+    container = shape.status == 424  # the ModelError, not SageMaker's own throttling
+    # The container's hint and its place in the retry line survive the ModelError.
+    assert fake.sleeps == ([2.0] if container else [0.0])
+    assert server.attributes == [None, "semif-retry-token=place-7" if container else None]
+
+
+def test_the_retry_token_goes_back_through_invoke_endpoint(fake: FakeTime) -> None:
+    """The same through botocore's Stubber: the 429 ModelError's token is the next call's
+    CustomAttributes, checked against InvokeEndpoint's input shape."""
+    import boto3
+    from botocore.stub import Stubber
+
+    runtime = boto3.client("sagemaker-runtime", region_name="us-east-1")
+    body = json.dumps(OVERLOAD.body)
+    sent = json.dumps(REQUEST).encode()
+    call = {
+        "EndpointName": "semif",
+        "ContentType": "application/json",
+        "Accept": "application/json",
+        "Body": sent,
+    }
+    with Stubber(runtime) as stubber:
+        stubber.add_client_error(
+            "invoke_endpoint",
+            service_error_code="ModelError",
+            service_message="Received client error (429) from primary",
+            http_status_code=424,
+            modeled_fields={"OriginalStatusCode": 429, "OriginalMessage": body},
+            expected_params=call,
+        )
+        stubber.add_response(
+            "invoke_endpoint",
+            {"Body": io.BytesIO(json.dumps(OK.body).encode())},
+            {**call, "CustomAttributes": "semif-retry-token=place-7"},
+        )
+        client = DecisionClient(
+            SageMakerTransport("semif", runtime_client=runtime),
+            sleep=fake.sleep,
+            rng=Draws(0.0),
+            clock=fake.clock,
+        )
+        assert client.invoke(REQUEST) == OK.body
+        stubber.assert_no_pending_responses()
+    assert fake.sleeps == [2.0]
+
+
 def test_runtime_client_and_endpoint_url_exclude_each_other() -> None:
     with pytest.raises(ValueError, match="not both"):
         DecisionClient.for_endpoint("semif", runtime_client=object(), endpoint_url="http://x")
@@ -296,10 +359,10 @@ def test_the_client_speaks_the_servers_retry_token_contract() -> None:
     """The client (which imports nothing of the adapter) names the header, the attribute
     and the body field as the server does."""
     from adapter import http
-    from adapter.errors import UnavailableError
+    from adapter.errors import BusyError
     from client import decision_client
 
     assert decision_client.CUSTOM_ATTRIBUTES_HEADER == http.CUSTOM_ATTRIBUTES_HEADER
     assert decision_client.RETRY_TOKEN_ATTRIBUTE == http.RETRY_TOKEN_ATTRIBUTE
-    refused = UnavailableError("busy", retryable=True, retry_token="abc")
+    refused = BusyError("busy", cause="overloaded", retry_token="abc")
     assert decision_client.retry_token_of(refused.body()) == "abc"

@@ -134,6 +134,29 @@ def test_the_prefix_aware_id_goes_with_every_call() -> None:
     assert server.prefix_ids == ["support-router"]
 
 
+def test_the_boto3_floor_has_prefix_aware_id() -> None:
+    """pyproject's client floor (boto3 1.43.68, botocore >= 1.43.68: the first release whose
+    sagemaker-runtime model has PrefixAwareId) is what the lock installs at least, and the
+    installed model has the parameter the client sends."""
+    import tomllib
+    from importlib.metadata import version
+
+    import botocore.session
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    floors = [r for r in project["project"]["optional-dependencies"]["client"] if "boto3" in r]
+    assert floors == ["boto3>=1.43.68"]
+
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:3])
+
+    assert release(version("boto3")) >= release("1.43.68")
+    assert release(version("botocore")) >= release("1.43.68")
+    model = botocore.session.get_session().get_service_model("sagemaker-runtime")
+    members = model.operation_model("InvokeEndpoint").input_shape.members
+    assert members["PrefixAwareId"].serialization["name"] == "X-Amzn-SageMaker-Prefix-Aware-Id"
+
+
 @pytest.mark.parametrize("bad", ["", " leading-space", "x" * 65, "tab\there", "é"])
 def test_a_prefix_aware_id_sagemaker_would_refuse_is_refused_here(bad: str) -> None:
     with pytest.raises(ValueError, match="prefix_aware_id"):

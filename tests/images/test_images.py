@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ from starlette.testclient import TestClient
 from cdk_constructs.image_build import BUILDSPEC, SOURCE_PATHS, ImageFlavor
 from images import smoke as image_smoke
 from stacks.environments import PUBLISHED_DLC_IMAGES
+from tests.support.cpus import write_ggml_library
 from tests.support.locks import locked_versions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,6 +135,40 @@ def test_dockerfile_pins_every_pip_requirement(flavor: ImageFlavor) -> None:
     assert unpinned == []
 
 
+@pytest.mark.parametrize("flavor", list(ImageFlavor))
+def test_the_image_leaves_out_the_dlc_cpu_variants_built_with_amx(
+    flavor: ImageFlavor, tmp_path: Path
+) -> None:
+    """The build step, run here on a stand-in of the DLC's library directory: the AMX
+    variant is deleted, once the adapter that decides it is installed and before the
+    import check loads anything."""
+    (install,) = [
+        line
+        for line in instructions(dockerfile(flavor))
+        if line.startswith("RUN") and "drop_amx_variants" in line
+    ]
+    steps = [step.strip() for step in install.removeprefix("RUN").split("&&")]
+    [drop] = [index for index, step in enumerate(steps) if "drop_amx_variants" in step]
+    assert steps.index("python3 -m pip install --no-cache-dir --no-deps /opt/semif/src") < drop
+    assert drop < steps.index('python3 -c "import llama_cpp, adapter.serve"')
+    for name, amx in [("libggml-cpu-icelake.so", False), ("libggml-cpu-sapphirerapids.so", True)]:
+        write_ggml_library(tmp_path / name, amx=amx)
+    command = shlex.split(steps[drop])
+    assert command[:2] == ["python3", "-c"]
+    result = subprocess.run(
+        [sys.executable, *command[1:]],
+        env={**os.environ, "LLAMA_CPP_LIB_PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    assert result.stdout == (
+        "CPU backend variants deleted for their AMX kernels: ['libggml-cpu-sapphirerapids.so']\n"
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["libggml-cpu-icelake.so"]
+
+
 def test_cuda_image_offloads_and_drops_the_symbol_the_dlc_lacks() -> None:
     text = dockerfile(ImageFlavor.CUDA)
     assert "SEMIF_N_GPU_LAYERS=-1" in text
@@ -184,6 +221,65 @@ def test_buildspec_smoke_tests_before_it_pushes(buildspec: dict[str, Any]) -> No
     assert '--require-file "${SMOKE_REQUIRE_FILE:-}"' in script
     assert "--gpus" not in script  # no GPU build host
     assert "set -euo pipefail" in script
+
+
+DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def _pushed_build(tmp_path: Path, buildspec: dict[str, Any], media_type: str) -> Any:
+    """The build script for a tag already in ECR, with `aws` and `docker` stubbed: ECR says
+    the image's digest, and `media_type` for its imageManifestMediaType."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(parents=True)
+    (stubs / "aws").write_text(
+        "#!/bin/bash\n"
+        'case "$*" in\n'
+        '  *imageManifestMediaType*) echo "${FAKE_MEDIA_TYPE}" ;;\n'
+        f"  *imageDigest*) echo sha256:{'a' * 64} ;;\n"
+        "  *) echo token ;;\n"
+        "esac\n"
+    )
+    (stubs / "docker").write_text("#!/bin/bash\ncat > /dev/null\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    environment = {
+        "PATH": f"{stubs}:/usr/bin:/bin",
+        "FAKE_MEDIA_TYPE": media_type,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "ECR_REPOSITORY_URI": "111122223333.dkr.ecr.us-east-1.amazonaws.com/adapter",
+        "IMAGE_TAG": "cpu-" + "b" * 32,
+        "DOCKERFILE": "images/Dockerfile",
+        "DLC_IMAGE": "mirror@sha256:" + "c" * 64,
+        "SMOKE_BACKEND": "CPU",
+    }
+    return subprocess.run(
+        ["bash", "-c", build_script(buildspec)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+
+
+def test_buildspec_exports_only_a_docker_v2_image(
+    tmp_path: Path, buildspec: dict[str, Any]
+) -> None:
+    accepted = _pushed_build(tmp_path / "v2", buildspec, DOCKER_V2)
+    assert accepted.returncode == 0, accepted.stderr
+    assert f"IMAGE_URI=111122223333.dkr.ecr.us-east-1.amazonaws.com/adapter@sha256:{'a' * 64}" in (
+        accepted.stdout
+    )
+    refused = _pushed_build(tmp_path / "oci", buildspec, OCI_INDEX)
+    assert refused.returncode == 1
+    assert f"is {OCI_INDEX}; SageMaker serves only {DOCKER_V2}" in refused.stderr
+    script = build_script(buildspec)
+    # Both paths (pushed now, or earlier) pass the check before the digest is exported, and
+    # the build asks BuildKit for no attestations.
+    assert script.index("imageManifestMediaType") < script.index("export IMAGE_DIGEST")
+    assert script.index("docker push") < script.index("imageManifestMediaType")
+    assert script.index("BUILDX_NO_DEFAULT_ATTESTATIONS=1") < script.index("docker build")
 
 
 def test_buildspec_inputs_are_in_the_uploaded_source() -> None:
@@ -273,6 +369,27 @@ def test_backend_check_requires_the_expected_backend() -> None:
 def test_decision_check_rejects_malformed_answers(answer: dict[str, Any]) -> None:
     with pytest.raises(image_smoke.SmokeError):
         image_smoke.check_decision(answer)
+
+
+def test_weights_check_requires_the_named_buffer_type_only_when_asked() -> None:
+    weights = {"setting": "auto", "cpu_backend": "libggml-cpu-zen4.so", "host_amx": True}
+    repacked = {"serving": {"weight_buffers": {**weights, "weights_in": ["CPU", "CPU_REPACK"]}}}
+    plain = {"serving": {"weight_buffers": {**weights, "weights_in": ["CPU"]}}}
+    assert image_smoke.check_weights(repacked, "CPU_REPACK")["host_amx"] is True
+    assert image_smoke.check_weights(plain, "")["weights_in"] == ["CPU"]  # reported only
+    with pytest.raises(image_smoke.SmokeError, match=r"not in CPU_REPACK buffers: .*zen4"):
+        image_smoke.check_weights(plain, "CPU_REPACK")
+    with pytest.raises(image_smoke.SmokeError, match="not in CPU_REPACK buffers: None"):
+        image_smoke.check_weights({"status": "ok"}, "CPU_REPACK")
+
+
+def test_smoke_weights_check_reads_the_real_adapter_ping(tiny_client: TestClient) -> None:
+    ping = tiny_client.get("/ping").json()
+    weights = image_smoke.check_weights(ping, "CPU")
+    assert weights["setting"] == "auto"
+    assert weights["cpu_backend"].startswith("libggml-cpu")
+    with pytest.raises(image_smoke.SmokeError, match="not in AMX buffers"):
+        image_smoke.check_weights(ping, "AMX")
 
 
 def test_decision_check_accepts_a_distribution() -> None:
