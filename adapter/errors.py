@@ -60,7 +60,7 @@ class PayloadTooLargeError(ApiError):
 
 
 class RequestTimeoutError(ApiError):
-    """The body did not arrive in full within SEMIF_BODY_TIMEOUT_SECONDS."""
+    """The body did not arrive in full within SEMIF_BODY_TIMEOUT_S."""
 
     status = 408
 

@@ -119,7 +119,7 @@ async def read_body(
                 await take(chunk)
     except TimeoutError:
         raise RequestTimeoutError(
-            f"body did not arrive within {timeout_seconds:g} s (SEMIF_BODY_TIMEOUT_SECONDS; "
+            f"body did not arrive within {timeout_seconds:g} s (SEMIF_BODY_TIMEOUT_S; "
             f"{size} bytes received)"
         ) from None
     except ClientDisconnect:

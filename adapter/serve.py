@@ -9,7 +9,7 @@ Order of start-up, each failure one line naming its cause:
 
 Shutdown (SIGTERM from SageMaker, or Ctrl-C): admission stops at once (new requests and
 /ping get 503), idle keep-alive connections close, in-flight work may finish within
-SEMIF_SHUTDOWN_GRACE_SECONDS and is cancelled after that, and uvicorn's own graceful
+SEMIF_SHUTDOWN_GRACE_S and is cancelled after that, and uvicorn's own graceful
 timeout backs it up, all inside SageMaker's 30 s before SIGKILL.
 """
 
@@ -76,7 +76,7 @@ class HeadDeadlineProtocol(H11Protocol):
     requests (KEEP_ALIVE_SECONDS: SageMaker may open one before it has a request), and a
     head must be complete within HEAD_TIMEOUT_SECONDS of its first byte; either way the
     connection is closed (there is no request yet to answer). The body has its own limit
-    (SEMIF_BODY_TIMEOUT_SECONDS, adapter.http)."""
+    (SEMIF_BODY_TIMEOUT_S, adapter.http)."""
 
     head_timeout_seconds = HEAD_TIMEOUT_SECONDS
     _head_deadline: asyncio.TimerHandle | None = None

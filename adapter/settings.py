@@ -268,6 +268,25 @@ def _api_key(env: Mapping[str, str]) -> str | None:
     return key
 
 
+# Settings no longer read, with what replaces them. Each is a start error while set (blank
+# is unset): a value that silently did nothing would look like a setting that works.
+RETIRED = {
+    "SEMIF_MAX_IN_FLIGHT": (
+        "requests now queue for batched passes; use SEMIF_MAX_QUEUE (waiting requests) and "
+        "SEMIF_MAX_BATCH_REQUESTS (requests per pass) instead"
+    ),
+    # Every time setting ends in _S.
+    "SEMIF_BODY_TIMEOUT_SECONDS": "it is named SEMIF_BODY_TIMEOUT_S now",
+    "SEMIF_SHUTDOWN_GRACE_SECONDS": "it is named SEMIF_SHUTDOWN_GRACE_S now",
+}
+
+
+def _refuse_retired(env: Mapping[str, str]) -> None:
+    for name, instead in RETIRED.items():
+        if env.get(name, "").strip():
+            raise SettingsError(f"{name} is no longer read: {instead}; unset it")
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build Settings from `env` (default: the process environment), validating every value."""
     env = os.environ if env is None else env
@@ -280,12 +299,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     model_dir = _path(env, "SEMIF_MODEL_DIR") or Settings.model_dir
     allow_unverified = _flag(env, "SEMIF_ALLOW_UNVERIFIED_MODEL", default=False)
     located = Settings(model_dir=model_dir, gguf_path=gguf_path)
-    if env.get("SEMIF_MAX_IN_FLIGHT", "").strip():
-        raise SettingsError(
-            "SEMIF_MAX_IN_FLIGHT is no longer read: requests now queue for batched passes; "
-            "use SEMIF_MAX_QUEUE (waiting requests) and SEMIF_MAX_BATCH_REQUESTS (requests "
-            "per pass) instead, and unset it"
-        )
+    _refuse_retired(env)
     queue_timeout = _seconds(
         env, "SEMIF_QUEUE_TIMEOUT_S", Settings.queue_timeout_seconds, 0.1, 55.0
     )
@@ -349,10 +363,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         api_key=_api_key(env),
         allow_unverified_model=allow_unverified,
-        body_timeout_seconds=_seconds(env, "SEMIF_BODY_TIMEOUT_SECONDS", 30.0, 1.0, 600.0),
+        body_timeout_seconds=_seconds(env, "SEMIF_BODY_TIMEOUT_S", 30.0, 1.0, 600.0),
         # Below SageMaker's 30 s SIGTERM-to-SIGKILL window, leaving time to answer and exit.
         shutdown_grace_seconds=_seconds(
-            env, "SEMIF_SHUTDOWN_GRACE_SECONDS", 20.0, 0.0, MAX_SHUTDOWN_GRACE_SECONDS
+            env, "SEMIF_SHUTDOWN_GRACE_S", 20.0, 0.0, MAX_SHUTDOWN_GRACE_SECONDS
         ),
         option_order=_choice(env, "SEMIF_OPTION_ORDER", OPTION_ORDERS, Settings.option_order),
         readout=_choice(env, "SEMIF_READOUT", READOUTS, Settings.readout),

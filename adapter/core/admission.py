@@ -201,9 +201,10 @@ class Admission:
     def pass_rows(self) -> int:
         """Rows one pass may take: the engine's most, fewer where the measured speed would
         make such a pass outlast its share of the queue timeout (PASSES_PER_QUEUE_TIMEOUT),
-        never fewer than MIN_PASS_ROWS (or the engine's most, if that is less). A prompt longer than this is decoded over several
-        passes (the service sends its leading chunks first), so no pass holds the worker
-        for long: what a newcomer waits behind is about one such pass."""
+        never fewer than MIN_PASS_ROWS (or the engine's most, if that is less). A prompt
+        longer than this is decoded over several passes (the service sends its leading
+        chunks first), so no pass holds the worker for long: what a newcomer waits behind
+        is about one such pass."""
         within = self.speed.rows_within(self.queue_timeout_seconds / PASSES_PER_QUEUE_TIMEOUT)
         if within is None:
             return self.most_pass_rows

@@ -352,7 +352,7 @@ def test_a_body_shorter_than_its_content_length_times_out_with_408(tmp_path: Pat
     status, body, headers = _status(anyio.run(_call, app, receive))
     assert status == 408
     assert body["field"] == "body"
-    assert "SEMIF_BODY_TIMEOUT_SECONDS" in body["error"]
+    assert "SEMIF_BODY_TIMEOUT_S" in body["error"]
     assert headers[b"connection"] == b"close"
 
 

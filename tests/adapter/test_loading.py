@@ -191,12 +191,12 @@ def test_lib_path_without_libllama_is_a_settings_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("SEMIF_BODY_TIMEOUT_SECONDS", "0"),
-        ("SEMIF_BODY_TIMEOUT_SECONDS", "nan"),
-        ("SEMIF_SHUTDOWN_GRACE_SECONDS", "30"),
+        ("SEMIF_BODY_TIMEOUT_S", "0"),
+        ("SEMIF_BODY_TIMEOUT_S", "nan"),
+        ("SEMIF_SHUTDOWN_GRACE_S", "30"),
         # grace + serve's 4 s backstop + 3 s to free the model must end before 30 s
-        ("SEMIF_SHUTDOWN_GRACE_SECONDS", "23"),
-        ("SEMIF_SHUTDOWN_GRACE_SECONDS", "soon"),
+        ("SEMIF_SHUTDOWN_GRACE_S", "23"),
+        ("SEMIF_SHUTDOWN_GRACE_S", "soon"),
     ],
 )
 def test_time_limits_are_range_checked(name: str, value: str) -> None:

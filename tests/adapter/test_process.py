@@ -321,8 +321,8 @@ def served(tiny_model_dir: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]
         **os.environ,
         "SEMIF_MODEL_DIR": str(tiny_model_dir),
         "SEMIF_PORT": str(port),
-        "SEMIF_BODY_TIMEOUT_SECONDS": "1",
-        "SEMIF_SHUTDOWN_GRACE_SECONDS": "2",
+        "SEMIF_BODY_TIMEOUT_S": "1",
+        "SEMIF_SHUTDOWN_GRACE_S": "2",
     }
     process = subprocess.Popen([SERVE], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

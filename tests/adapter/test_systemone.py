@@ -4,7 +4,6 @@ and the letter-digit labels past 52 options scored exactly."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,12 +165,15 @@ def test_models_lists_the_served_model(client: TestClient) -> None:
     assert [model["id"] for model in response.json()["data"]] == ["tiny.gguf"]
 
 
-def test_confidence_formula() -> None:
+def test_confidence_is_one_less_the_normalized_entropy() -> None:
+    """Certain is 1, uniform is 0; an even split over 2 of 4 options carries 1 of the 2 bits
+    a choice of 4 can, so 0.5; it does not depend on the options' order and grows as the
+    distribution sharpens."""
     assert confidence([1.0, 0.0, 0.0]) == 1.0
     assert confidence([0.25] * 4) == pytest.approx(0.0)
-    p = [0.7, 0.2, 0.1]
-    entropy = -sum(x * math.log(x) for x in p)
-    assert confidence(p) == pytest.approx(1 - entropy / math.log(3))
+    assert confidence([0.5, 0.5, 0.0, 0.0]) == pytest.approx(0.5)
+    assert confidence([0.0, 0.5, 0.0, 0.5]) == pytest.approx(0.5)
+    assert confidence([0.5, 0.3, 0.2]) < confidence([0.7, 0.2, 0.1]) < confidence([0.9, 0.05, 0.05])
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from adapter import settings as adapter_settings
 from adapter.backends import BackendLoadError, bundled_lib_dir, load_backends
 from adapter.errors import RequestError
 from adapter.model_files import (
@@ -20,7 +22,7 @@ from adapter.model_files import (
 )
 from adapter.readout import NonFiniteLogitsError, read_slots, softmax
 from adapter.schema import parse_decision_body
-from adapter.settings import SettingsError, load_settings
+from adapter.settings import RETIRED, SettingsError, load_settings
 from model_build.calibration import Calibration
 from model_build.manifest import BuildInfo, GgufInfo, Manifest, SourceInfo
 from tests.model_build.support import CALIBRATION
@@ -41,7 +43,6 @@ def test_settings_defaults_match_the_container_contract() -> None:
     assert settings.max_request_tokens == 16_384
     assert settings.exact_scoring is True
     assert settings.stream_cells == settings.max_tokens + 1  # a prompt and one continuation
-    assert not hasattr(settings, "max_in_flight")
 
 
 def test_request_token_limit_follows_the_prompt_limit() -> None:
@@ -51,11 +52,29 @@ def test_request_token_limit_follows_the_prompt_limit() -> None:
         load_settings({"SEMIF_MAX_REQUEST_TOKENS": "100"})
 
 
-def test_retired_max_in_flight_is_a_start_error_even_when_valid_before() -> None:
+@pytest.mark.parametrize(
+    ("retired", "named"),
+    [
+        ("SEMIF_MAX_IN_FLIGHT", "SEMIF_MAX_QUEUE"),
+        ("SEMIF_BODY_TIMEOUT_SECONDS", "SEMIF_BODY_TIMEOUT_S"),
+        ("SEMIF_SHUTDOWN_GRACE_SECONDS", "SEMIF_SHUTDOWN_GRACE_S"),
+    ],
+)
+def test_a_retired_setting_is_a_start_error_naming_its_successor(retired: str, named: str) -> None:
+    """Even with a value that was valid before; blank is unset."""
     for value in ("1", "8"):
-        with pytest.raises(SettingsError, match=r"^SEMIF_MAX_IN_FLIGHT is no longer read: "):
-            load_settings({"SEMIF_MAX_IN_FLIGHT": value})
-    assert load_settings({"SEMIF_MAX_IN_FLIGHT": " "}).max_queue == 256  # blank is unset
+        with pytest.raises(SettingsError, match=rf"^{retired} is no longer read: .*{named}"):
+            load_settings({retired: value})
+    assert load_settings({retired: " "}).max_queue == 256
+
+
+def test_every_time_setting_ends_in_s() -> None:
+    """One suffix for seconds: every name the settings read as seconds."""
+    source = Path(adapter_settings.__file__).read_text()
+    timed = set(re.findall(r'_seconds\(\s*env,\s*"([A-Z_]+)"', source))
+    assert {"SEMIF_QUEUE_TIMEOUT_S", "SEMIF_BODY_TIMEOUT_S"} <= timed
+    assert all(name.endswith("_S") for name in timed), sorted(timed)
+    assert not timed & set(RETIRED)
 
 
 def test_request_timeout_may_not_be_below_the_queue_timeout() -> None:
