@@ -156,9 +156,15 @@ class Figure:
     # Set when what was measured failed outright (e.g. the request was never answered):
     # `measured` is then only how long it took to fail, and the verdict is MISS.
     failure: str | None = None
+    # Each round's own ratio, where both sides were measured in turn in every round: the
+    # figure is their median, so one round on a noisy shared machine cannot pass or fail it
+    # (pooled p50s let a round whose two sides drifted apart move the ratio).
+    round_ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
+        if self.round_ratios:
+            return statistics.median(self.round_ratios)
         return self.measured / self.reference
 
     @property
@@ -176,9 +182,12 @@ class Figure:
             return f"{value:.4g} {self.unit}"
 
         goal = f"goal {self.goal}" if self.goal else "no goal"
+        rounds = ", ".join(f"{ratio:.3f}" for ratio in self.round_ratios)
         return (
             f"{self.title}: {self.measured_label} {show(self.measured)} / "
-            f"{self.reference_label} {show(self.reference)} = {self.ratio:.3f}  "
+            f"{self.reference_label} {show(self.reference)}"
+            + (f"; median of the rounds' ratios ({rounds})" if rounds else "")
+            + f" = {self.ratio:.3f}  "
             f"({goal}) {self.verdict}" + (f" - failed: {self.failure}" if self.failure else "")
         )
 
@@ -191,6 +200,7 @@ class Figure:
             "reference_label": self.reference_label,
             "unit": self.unit,
             "ratio": self.ratio,
+            "round_ratios": list(self.round_ratios),
             "goal": str(self.goal) if self.goal else None,
             "verdict": self.verdict,
             "failure": self.failure,
@@ -374,9 +384,23 @@ def measure_peer(server: ServerProcess, workload: Workload, samples: Samples) ->
 # -- figures --------------------------------------------------------------------------------
 
 
+def round_ratios(measured: list[float], reference: list[float], rounds: int) -> tuple[float, ...]:
+    """Each round's p50 / p50, from samples appended round by round in equal numbers, both
+    sides in turn."""
+    size = len(measured) // rounds
+    if rounds < 2 or size == 0 or len(reference) != len(measured):
+        return ()
+    return tuple(
+        statistics.median(measured[start : start + size])
+        / statistics.median(reference[start : start + size])
+        for start in range(0, size * rounds, size)
+    )
+
+
 def build_figures(samples: Samples, gguf_bytes: int) -> list[Figure]:
     """The issue's figures in its order; the peer's only when it was measured."""
     separate = [seconds for one_round in samples.separate_requests for seconds in one_round]
+    rounds = len(samples.separate_requests)  # each round measures the cold server once
     figures = [
         Figure(
             "adapter_overhead",
@@ -388,6 +412,7 @@ def build_figures(samples: Samples, gguf_bytes: int) -> list[Figure]:
             "seconds",
             Goal("<=", 1.10),
             {"samples": len(samples.single_invocations), "prompt_tokens": samples.single_tokens},
+            round_ratios=round_ratios(samples.single_invocations, samples.single_forward, rounds),
         ),
         Figure(
             "shared_state_speedup",
@@ -413,6 +438,7 @@ def build_figures(samples: Samples, gguf_bytes: int) -> list[Figure]:
             "seconds",
             Goal("<=", 1.25),
             {"limit_breakdown": samples.shared_forward_breakdown},
+            round_ratios=round_ratios(samples.shared_request, samples.shared_forward, rounds),
         ),
         Figure(
             "prefix_reuse",
@@ -428,6 +454,9 @@ def build_figures(samples: Samples, gguf_bytes: int) -> list[Figure]:
                 "input_tokens": samples.follow_up_input_tokens,
                 "cold_request_same_state_p50_seconds": statistics.median(separate),
             },
+            round_ratios=round_ratios(
+                samples.follow_up_invocations, samples.follow_up_forward, rounds
+            ),
         ),
         Figure(
             "cold_start",

@@ -6,7 +6,9 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -21,7 +23,14 @@ from bench.concurrency import (
 )
 from bench.concurrency import HeadOfLine as Wait
 from bench.peer_server import cached_llama_server
-from bench.report import Figure, Goal, concurrency_figures, overload_figures, parse_args
+from bench.report import (
+    Figure,
+    Goal,
+    concurrency_figures,
+    overload_figures,
+    parse_args,
+    round_ratios,
+)
 from bench.runner import finite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +70,25 @@ def test_goals_and_verdicts() -> None:
         "a 2.0 MiB / b 1.0 MiB = 2.000"
         in Figure("k", "t", 2 * 2**20, "a", 2**20, "b", "bytes").line()
     )
+
+
+def test_one_noisy_round_cannot_fail_a_paired_figure() -> None:
+    """Three rounds of singles, each forward measured in turn with its invocation; in the
+    second round the server side ran 60 % slow. Pooled p50s of prompts this unlike fail the
+    figure; the median of the rounds' own ratios does not."""
+    forward = [0.2, 0.3, 0.4, 0.5] * 3
+    invocations = [f * 1.05 for f in forward]
+    invocations[4:8] = [f * 1.6 for f in forward[4:8]]
+    ratios = round_ratios(invocations, forward, 3)
+    assert ratios == pytest.approx((1.05, 1.6, 1.05))
+    pooled = Figure("k", "t", median(invocations), "ours", median(forward), "limit", "seconds")
+    assert pooled.ratio > 1.10
+    figure = replace(pooled, goal=Goal("<=", 1.10), round_ratios=ratios)
+    assert figure.ratio == pytest.approx(1.05)
+    assert figure.verdict == "PASS"
+    assert "median of the rounds' ratios (1.050, 1.600, 1.050) = 1.050" in figure.line()
+    assert figure.as_json()["round_ratios"] == pytest.approx([1.05, 1.6, 1.05])
+    assert round_ratios(invocations, forward, 1) == ()  # one round: p50 / p50
 
 
 def overload_run(
