@@ -2,7 +2,8 @@
 
 They are the core's vocabulary for "what went wrong"; the core never speaks HTTP. The
 service decides what each means to a caller (a 429 to come back later, a retryable 503, a
-400, a start error, an unhealthy instance), in one place (adapter.service.answer_for).
+400, a start error, an unhealthy instance), in one place (adapter.service,
+`DecisionService._answering`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ Invariants (checked on randomized inputs by tests/adapter/test_retry_line.py):
   request's work after the one before): an abandoned place never blocks anyone, nor delays
   those behind it.
 
-Pure: the caller passes the clock. Threads: the scheduler calls it under its queue lock.
+Pure: the caller passes the clock. Threads: its owner, adapter.core.admission, calls it
+under the scheduler's queue lock.
 """
 
 from __future__ import annotations
