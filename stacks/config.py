@@ -31,8 +31,7 @@ from cdk_constructs.endpoint_operations import (
     DecisionSignalThresholds,
     promql_alarm_seconds,
 )
-from cdk_constructs.model_build import ModelCalibration
-from cdk_constructs.sagemaker_endpoint import (
+from cdk_constructs.endpoint_props import (
     CpuPlacement,
     GpuPlacement,
     LeastOutstandingRouting,
@@ -45,6 +44,7 @@ from cdk_constructs.sagemaker_endpoint import (
     StepUnit,
     TrafficShift,
 )
+from cdk_constructs.model_build import ModelCalibration
 from cdk_constructs.validation import (
     PropsError,
     looks_like_placeholder,
@@ -91,6 +91,12 @@ MAX_ASYNC_QUEUE_SECONDS = 21600
 ASYNC_PAYLOAD_BYTES = (1 << 20, 1 << 30)
 # JSON Lines bodies an asynchronous instance scores at once (below, `invocations_per_instance`).
 ASYNC_BODIES_IN_FLIGHT = 2
+# The variant's health-check and model-download timeouts (ContainerStartupHealthCheck- and
+# ModelDataDownloadTimeoutInSeconds; botocore: 60..3600 s each): a CPU host loads the model
+# within 10 minutes, a GPU host loads CUDA as well.
+STARTUP_TIMEOUT_SECONDS = (60, 3600)
+CPU_STARTUP_TIMEOUT_SECONDS = 600
+GPU_STARTUP_TIMEOUT_SECONDS = 900
 # SageMaker CPU families on Intel Xeon 4th generation (Sapphire Rapids) and later, whose CPUs
 # offer AMX: llama.cpp's AMX weight buffers crash there (adapter/weight_buffers.py).
 AMX_INSTANCE_FAMILIES = ("c7i", "m7i", "r7i", "c8i", "m8i", "r8i")
@@ -165,6 +171,14 @@ CANARY_ONE_INSTANCE = Rollout(
 # A single-instance endpoint cannot canary (a canary is at most 50 % of the instances).
 # Baked for 10 minutes like the canary: the rollback alarms need up to 7 to fire.
 ALL_AT_ONCE = Rollout(traffic=TrafficShift.ALL_AT_ONCE, wait_interval_seconds=600)
+
+
+def _require_fits(rollout: Rollout, instance_count: int, what: str) -> None:
+    """A canary or linear step must fit the fewest instances the variant can have."""
+    try:
+        rollout.check_capacity(instance_count, what)
+    except PropsError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _require_bake(rollout: Rollout, alarm_seconds: int, what: str) -> None:
@@ -381,10 +395,7 @@ class DecisionEndpointSettings:
     async_endpoint: AsyncEndpointSettings | None = None
 
     def __post_init__(self) -> None:
-        try:  # a canary/linear step must fit the fewest instances the variant can have
-            self.rollout.check_capacity(self.autoscaling.min_capacity, "decision.rollout")
-        except PropsError as error:
-            raise ConfigError(str(error)) from None
+        _require_fits(self.rollout, self.autoscaling.min_capacity, "decision.rollout")
         _require_bake(self.rollout, self.rollback_alarm_seconds, "decision.rollout")
         if isinstance(self.placement, CpuPlacement):
             _require(
@@ -558,7 +569,7 @@ class DecisionEndpointSettings:
     @property
     def startup_timeout_seconds(self) -> int:
         """Health-check and download timeouts: GPU hosts load CUDA and need >= 600 s."""
-        return 900 if self.uses_gpu else 600
+        return GPU_STARTUP_TIMEOUT_SECONDS if self.uses_gpu else CPU_STARTUP_TIMEOUT_SECONDS
 
     @property
     def cloudformation_features(self) -> frozenset[CfnFeature]:
@@ -577,15 +588,22 @@ class DecisionEndpointSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class StandardEndpointSettings:
-    """The published CPU DLC serving chat completions on one CPU instance (no GPU layers),
+    """The published CPU DLC serving chat completions on CPU instances (no GPU layers),
     with llama-server's Prometheus metrics on and published (`metrics`), routed to the
-    instance with the fewest requests in flight."""
+    instance with the fewest requests in flight.
+
+    `initial_instance_count` is the count the endpoint is created with; it has no
+    autoscaling, and an update keeps the running count (RetainAllVariantProperties).
+    `startup_timeout_seconds` bounds both the model download and the health check.
+    """
 
     placement: CpuPlacement
     context_size: int
     threads: int
+    initial_instance_count: int = 1
+    startup_timeout_seconds: int = CPU_STARTUP_TIMEOUT_SECONDS
     alarms: AlarmThresholds = field(default_factory=AlarmThresholds)
-    rollout: Rollout = ALL_AT_ONCE  # one instance: a canary cannot fit
+    rollout: Rollout = ALL_AT_ONCE  # one instance (the default): a canary cannot fit
     # MetricsConfig: detailed observability publishes llama-server's /metrics (llamacpp:*).
     metrics: Observability = field(default_factory=Observability)
     # llama-server's weight repacking, decided here from the instance type since the DLC's
@@ -594,9 +612,16 @@ class StandardEndpointSettings:
 
     def __post_init__(self) -> None:
         _require(
-            self.rollout.step_unit is not StepUnit.INSTANCE_COUNT,
-            "standard.rollout: the standard endpoint has one instance; use ALL_AT_ONCE",
+            self.initial_instance_count >= 1,
+            f"standard.initial_instance_count: {self.initial_instance_count} must be >= 1",
         )
+        low, high = STARTUP_TIMEOUT_SECONDS
+        _require(
+            low <= self.startup_timeout_seconds <= high,
+            f"standard.startup_timeout_seconds: {self.startup_timeout_seconds} is outside "
+            f"{low}..{high}",
+        )
+        _require_fits(self.rollout, self.initial_instance_count, "standard.rollout")
         _require_bake(self.rollout, METRIC_ALARM_SECONDS, "standard.rollout")  # its 5XX rate
         _require(
             isinstance(self.placement, CpuPlacement),

@@ -37,13 +37,14 @@ from cdk_constructs.endpoint_operations import (
     EndpointAlarms,
     EndpointAutoscaling,
 )
+from cdk_constructs.endpoint_props import AsyncInference, NetworkSettings
 from cdk_constructs.image_build import (
     IMAGE_DIGEST_VARIABLE,
     IMAGE_URI_VARIABLE,
     ImageBuildProject,
 )
 from cdk_constructs.model_artifact import ModelArtifact
-from cdk_constructs.sagemaker_endpoint import AsyncInference, NetworkSettings, SageMakerEndpoint
+from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
 from stacks.config import ALL_AT_ONCE, DecisionEndpointSettings, StandardEndpointSettings
 
 # Where offline requests and answers live in the artifact bucket, beside the models: the
@@ -131,7 +132,7 @@ class DecisionEndpointStack(Stack):
             settings=settings.autoscaling,
             target_concurrency=settings.target_concurrency,
         )
-        self.endpoint.allow_batch_transform(
+        self.endpoint.role.allow_batch_transform(
             input_prefix=BATCH_INPUT_PREFIX, output_prefix=BATCH_OUTPUT_PREFIX
         )
         self.async_endpoint: SageMakerEndpoint | None = None
@@ -286,9 +287,9 @@ class DecisionEndpointStack(Stack):
 
 
 class StandardEndpointStack(Stack):
-    """The published CPU DLC (chat completions, from the private mirror) on one CPU instance,
-    with llama-server's own metrics on (`--metrics`), published by detailed observability to
-    its dashboard; it rolls back on its 5XX rate."""
+    """The published CPU DLC (chat completions, from the private mirror) on the settings'
+    CPU instances (one by default), with llama-server's own metrics on (`--metrics`),
+    published by detailed observability to its dashboard; it rolls back on its 5XX rate."""
 
     def __init__(
         self,
@@ -319,8 +320,8 @@ class StandardEndpointStack(Stack):
             model=model,
             environment=settings.container_environment(),
             placement=settings.placement,
-            initial_instance_count=1,
-            startup_timeout_seconds=600,
+            initial_instance_count=settings.initial_instance_count,
+            startup_timeout_seconds=settings.startup_timeout_seconds,
             network=network,
             rollout=settings.rollout,
             rollback_alarms=alarms.rollback_alarms,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from cdk_constructs.endpoint_operations import Autoscaling, DecisionSignalThresholds
-from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
+from cdk_constructs.endpoint_props import CpuPlacement, GpuPlacement
 from model_build.embedded import SMOLLM2
 from stacks.config import (
     CANARY_ONE_INSTANCE,

@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from cdk_constructs.sagemaker_endpoint import NetworkSettings
+from cdk_constructs.endpoint_props import NetworkSettings
 from cdk_constructs.validation import PropsError
 from stacks.config import (
     AlarmNotifications,

@@ -1,10 +1,10 @@
-"""Fixtures of the CDK tests; the code they wrap is in `tests/cdk/support.py`."""
+"""Fixtures of the CDK tests; the code they wrap is in `tests/support/templates.py`."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.cdk.support import Synth, synthesize_all
+from tests.support.templates import Synth, synthesize_all
 
 
 @pytest.fixture(scope="session")

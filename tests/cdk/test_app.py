@@ -16,7 +16,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import (
+from tests.support.templates import (
     ALL_STACKS,
     REPO,
     Synth,

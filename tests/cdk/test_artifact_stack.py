@@ -19,7 +19,7 @@ from cdk_constructs.model_build import (
 )
 from stacks.config import REPO_ROOT, ModelSource
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import (
+from tests.support.templates import (
     CALIBRATIONS,
     VALID_CALIBRATION,
     Synth,

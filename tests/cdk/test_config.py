@@ -10,7 +10,7 @@ import pytest
 
 from adapter.prompts import PROMPT_VERSION
 from cdk_constructs.endpoint_operations import Autoscaling, DecisionSignalThresholds
-from cdk_constructs.sagemaker_endpoint import (
+from cdk_constructs.endpoint_props import (
     CpuPlacement,
     GpuPlacement,
     LeastOutstandingRouting,
@@ -23,6 +23,7 @@ from cdk_constructs.validation import PropsError
 from model_build.calibration import load_calibration
 from model_build.manifest import calibration_sha256
 from stacks.config import (
+    CANARY_ONE_INSTANCE,
     REPO_ROOT,
     AsyncEndpointSettings,
     ConfigError,
@@ -32,7 +33,7 @@ from stacks.config import (
     StandardEndpointSettings,
 )
 from stacks.environments import ENVIRONMENTS, SMOLLM2_135M
-from tests.cdk.support import CALIBRATIONS, VALID_CALIBRATION
+from tests.support.templates import CALIBRATIONS, VALID_CALIBRATION
 
 SCALING = Autoscaling(min_capacity=1, max_capacity=2)
 CPU = CpuPlacement(instance_type="ml.c6i.2xlarge")
@@ -113,11 +114,47 @@ def test_model_source_rules(kwargs: dict[str, str], field: str) -> None:
             ),
             "standard.placement",
         ),
+        (
+            lambda: StandardEndpointSettings(
+                placement=CPU, context_size=4096, threads=8, initial_instance_count=0
+            ),
+            "standard.initial_instance_count: 0 must be >= 1",
+        ),
+        (
+            lambda: StandardEndpointSettings(
+                placement=CPU, context_size=4096, threads=8, startup_timeout_seconds=59
+            ),
+            r"standard.startup_timeout_seconds: 59 is outside 60..3600",
+        ),
+        (
+            lambda: StandardEndpointSettings(
+                placement=CPU, context_size=4096, threads=8, startup_timeout_seconds=3601
+            ),
+            r"standard.startup_timeout_seconds: 3601 is outside 60..3600",
+        ),
+        (  # a canary of one instance needs at least two
+            lambda: StandardEndpointSettings(
+                placement=CPU, context_size=4096, threads=8, rollout=CANARY_ONE_INSTANCE
+            ),
+            r"standard.rollout: a CANARY step of 1 instance\(s\) is 100 % of 1",
+        ),
     ],
 )
 def test_endpoint_settings_rules(factory: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         factory()
+
+
+def test_a_standard_endpoint_of_two_instances_may_canary_one() -> None:
+    """The canary rule counts the standard endpoint's own instances, not a fixed one."""
+    settings = StandardEndpointSettings(
+        placement=CPU,
+        context_size=4096,
+        threads=8,
+        initial_instance_count=2,
+        rollout=CANARY_ONE_INSTANCE,
+    )
+    assert settings.rollout is CANARY_ONE_INSTANCE
 
 
 def test_standard_endpoint_takes_no_gpu_layers() -> None:

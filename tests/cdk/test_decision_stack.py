@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -11,12 +10,12 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Capture, Match
 
+from cdk_constructs.endpoint_props import CpuPlacement, GpuPlacement
 from cdk_constructs.model_build import model_object_key
-from cdk_constructs.sagemaker_endpoint import CpuPlacement, GpuPlacement
 from stacks.config import EndpointKind
 from stacks.deployment import endpoint_name
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import (
+from tests.support.templates import (
     Synth,
     as_list,
     assert_role_policy_has,
@@ -343,9 +342,12 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
 def test_decision_autoscaling_tracks_concurrency_below_one_batch(synth: Synth, env: str) -> None:
     settings = ENVIRONMENTS[env].decision
     scaling = settings.autoscaling
-    # Three quarters of one batch per instance, rounded up (32 requests a batch: 24).
-    target = math.ceil(0.75 * settings.max_batch_requests)
-    assert settings.target_concurrency == target
+    # Below one batch per instance, so a new instance starts before requests queue for a
+    # second pass, and above half of one, so one instance's batches stay full: the shipped
+    # 32 requests a batch track 24.
+    target = settings.target_concurrency
+    assert settings.max_batch_requests / 2 < target < settings.max_batch_requests
+    assert (settings.max_batch_requests, target) == (32, 24)
     template = synth.template(env, "decision")
     # dev: also the asynchronous endpoint's target, tracking and start from zero.
     extra = 1 if settings.async_endpoint else 0

@@ -20,7 +20,7 @@ from cdk_constructs.container_image import (
     image_problem,
     render_image,
 )
-from cdk_constructs.sagemaker_endpoint import (
+from cdk_constructs.endpoint_props import (
     CpuPlacement,
     NetworkSettings,
     Rollout,
@@ -31,7 +31,7 @@ from cdk_constructs.validation import PropsError, looks_like_placeholder
 from stacks.config import ConfigError
 from stacks.environments import ENVIRONMENTS
 from stacks.targets import resolve_target
-from tests.cdk.support import CDK_CONTEXT, Synth, resources, statements
+from tests.support.templates import CDK_CONTEXT, Synth, resources, statements
 
 DIGEST = "sha256:" + "ab" * 32
 REAL_ACCOUNT = "498765432107"
@@ -331,7 +331,7 @@ def test_nvme_cpu_type_gets_no_volume_key(tmp_path: Path) -> None:
     dev = ENVIRONMENTS["dev"]
     nvme = CpuPlacement(instance_type="ml.c6id.2xlarge")
     config = dataclasses.replace(dev, standard=dataclasses.replace(dev.standard, placement=nvme))
-    from tests.cdk.support import synthesize_environment
+    from tests.support.templates import synthesize_environment
 
     assembly = synthesize_environment(config, tmp_path)
     template = assembly.get_stack_by_name("semif-dev-standard").template

@@ -15,7 +15,7 @@ from cdk_constructs.endpoint_check import HANDLER_TIMEOUT, SERIES_WAIT, Probe
 from cdk_constructs.endpoint_operations import ENDPOINT_LABEL
 from cdk_constructs.endpoint_probe import handler
 from stacks.endpoint_stacks import check_body
-from tests.cdk.support import Synth, resources, statements
+from tests.support.templates import Synth, resources, statements
 
 DECISION_BODY = check_body(Probe.DECISION)
 CHAT_BODY = check_body(Probe.CHAT)

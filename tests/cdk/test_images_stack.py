@@ -30,7 +30,7 @@ from cdk_constructs.validation import PropsError
 from stacks.config import REPO_ROOT, DlcImages, EndpointKind
 from stacks.deployment import mirror_repository_name
 from stacks.environments import ENVIRONMENTS, PUBLISHED_DLC_IMAGES
-from tests.cdk.support import Synth, as_list, resources, statements, synthesize_environment
+from tests.support.templates import Synth, as_list, resources, statements, synthesize_environment
 
 
 def _repository_id(raw: Mapping[str, Any], *, mirror: bool) -> str:

@@ -11,12 +11,12 @@ import pytest
 from aws_cdk import aws_sns as sns
 from aws_cdk.assertions import Capture, Match, Matcher
 
-from cdk_constructs.sagemaker_endpoint import AsyncInference, require_key_prefix
+from cdk_constructs.endpoint_props import AsyncInference, require_key_prefix
 from cdk_constructs.validation import PropsError
 from stacks.config import EndpointKind
 from stacks.deployment import endpoint_name
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import (
+from tests.support.templates import (
     Synth,
     as_list,
     assert_role_policy_has,

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
-from cdk_constructs.sagemaker_endpoint import GpuPlacement
+from cdk_constructs.endpoint_props import GpuPlacement
 from stacks.config import AlarmNotifications
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import (
+from tests.support.templates import (
     ALL_STACKS,
     Synth,
     notifying_alarms,

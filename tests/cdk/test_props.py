@@ -9,13 +9,13 @@ import pytest
 
 from cdk_constructs.artifact_bucket import ArtifactBucket
 from cdk_constructs.endpoint_operations import AlarmThresholds, Autoscaling
-from cdk_constructs.model_artifact import ModelArtifact
-from cdk_constructs.model_build import ModelCalibration, model_object_key
-from cdk_constructs.sagemaker_endpoint import (
+from cdk_constructs.endpoint_props import (
     CpuPlacement,
     GpuPlacement,
     NetworkSettings,
 )
+from cdk_constructs.model_artifact import ModelArtifact
+from cdk_constructs.model_build import ModelCalibration, model_object_key
 from cdk_constructs.validation import PropsError, require_digest_image
 from stacks.config import DlcImages
 from stacks.environments import PUBLISHED_DLC_IMAGES

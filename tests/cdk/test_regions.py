@@ -18,7 +18,7 @@ from stacks.config import ConfigError
 from stacks.environments import ENVIRONMENTS
 from stacks.regions import REGIONS_WITHOUT, CfnFeature
 from stacks.targets import resolve_target
-from tests.cdk.support import Synth, resources
+from tests.support.templates import Synth, resources
 
 SCHEMAS = Path(cfnlint.__file__).parent / "data" / "schemas"
 REGIONS = sorted(path.stem for path in (SCHEMAS / "providers").glob("*.json") if path.stem != "sam")

@@ -18,7 +18,7 @@ import pytest
 import regex  # type: ignore[import-untyped]  # Java-style \p{L} classes, as botocore's patterns use them
 
 from cdk_constructs.container_image import render_image
-from tests.cdk.support import ALL_STACKS, Synth, resources
+from tests.support.templates import ALL_STACKS, Synth, resources
 
 MODEL = botocore.loaders.Loader().load_service_model("sagemaker", "service-2")
 SHAPES: dict[str, Any] = MODEL["shapes"]

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from tests.cdk.support import (
+from tests.support.templates import (
     SNAPSHOTS,
     UPDATE_SNAPSHOTS_VARIABLE,
     Synth,

@@ -1,15 +1,18 @@
-"""The standard stack: the published CPU DLC (from the private mirror) on one instance."""
+"""The standard stack: the published CPU DLC (from the private mirror) on CPU instances."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from pathlib import Path
 
-from aws_cdk.assertions import Match
+from aws_cdk.assertions import Match, Template
 
 from cdk_constructs.endpoint_dashboard import standard_queries
+from stacks.config import EndpointKind
 from stacks.environments import ENVIRONMENTS
-from tests.cdk.support import Synth, dashboard_body, resources
+from tests.support.templates import Synth, dashboard_body, resources, synthesize_environment
 
 
 def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> None:
@@ -74,6 +77,35 @@ def test_standard_endpoint_serves_the_published_dlc_by_digest(synth: Synth) -> N
     )
     template.has_output("StandardImageUri", {"Value": mirrored})
     template.resource_count_is("AWS::CloudWatch::Alarm", 3)  # 5XX rate, memory, disk
+
+
+def test_standard_endpoint_takes_its_instance_count_and_startup_timeout_from_settings(
+    tmp_path: Path,
+) -> None:
+    """Values other than the shipped defaults reach the variant: none is fixed in the stack."""
+    config = ENVIRONMENTS["dev"]
+    standard = dataclasses.replace(
+        config.standard, initial_instance_count=3, startup_timeout_seconds=1200
+    )
+    changed = dataclasses.replace(
+        config, standard=standard, endpoints=frozenset({EndpointKind.STANDARD})
+    )
+    assembly = synthesize_environment(changed, tmp_path)
+    template = Template.from_json(assembly.get_stack_by_name("semif-dev-standard").template)
+    template.has_resource_properties(
+        "AWS::SageMaker::EndpointConfig",
+        {
+            "ProductionVariants": [
+                Match.object_like(
+                    {
+                        "InitialInstanceCount": 3,
+                        "ContainerStartupHealthCheckTimeoutInSeconds": 1200,
+                        "ModelDataDownloadTimeoutInSeconds": 1200,
+                    }
+                )
+            ]
+        },
+    )
 
 
 def test_standard_stack_waits_for_the_mirror(synth: Synth) -> None:

@@ -1,5 +1,6 @@
-"""Helpers for the CDK tests: the in-process synth of every environment, template walks and
-the snapshot normalisation. Tests import this module; `conftest.py` only wraps it in fixtures.
+"""What the CDK tests (tests/cdk) share about templates: the in-process synth of every
+environment, walks over a synthesized template, and the snapshot normalisation. Tests import
+this module; `tests/cdk/conftest.py` only wraps the synth in a fixture.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from stacks.environments import ENVIRONMENTS
 
 REPO = Path(__file__).resolve().parents[2]
 CDK_CONTEXT: dict[str, Any] = json.loads((REPO / "cdk.json").read_text())["context"]
-SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+SNAPSHOTS = REPO / "tests" / "cdk" / "snapshots"
 UPDATE_SNAPSHOTS_VARIABLE = "SEMIF_UPDATE_SNAPSHOTS"
 # Calibration files for the tests, named relative to the repository like an environment's.
 CALIBRATIONS = "tests/cdk/calibration"
