@@ -1,41 +1,36 @@
-"""`semif batch submit` and `semif batch async`: JSON Lines files through SageMaker's two
-offline paths (docs/deploy.md, "Offline batches").
+"""`semif batch submit`: JSON Lines files through a SageMaker **batch transform job** on
+the deployed decision model (docs/deploy.md, "Offline batches").
 
-- A **batch transform job** on the deployed decision model: every object under an S3 input
-  prefix, split into lines (SplitType `Line`), sent as mini-batches (`MultiRecord`), the
-  answers assembled by line (AssembleWith `Line`) into `<object>.out` under the output
-  prefix, encrypted with the environment's key (as is the instances' EBS volume; types
-  with local NVMe storage encrypt it in hardware). N instances split the objects between
-  them. What SageMaker would refuse or the image cannot run (a GPU type or model: no
-  transform AMI has a driver for CUDA 13), an unknown model and an empty or unreadable
-  input prefix fail here, with the reason, instead of as a failed job minutes later.
-- An **asynchronous endpoint**: the file is uploaded to the stack's async input prefix,
-  InvokeEndpointAsync queues it (SageMaker starts an instance if it scaled to zero), and the
-  answer object is downloaded when it appears (or the failure object read).
+Every object under an S3 input prefix is split into lines (SplitType `Line`), sent as
+mini-batches (`MultiRecord`), the answers assembled by line (AssembleWith `Line`) into
+`<object>.out` under the output prefix, encrypted with the environment's key (as is the
+instances' EBS volume; types with local NVMe storage encrypt it in hardware). N instances
+split the objects between them. What SageMaker would refuse or the image cannot run (a GPU
+type or model: no transform AMI has a driver for CUDA 13), an unknown model and an empty or
+unreadable input prefix fail here, with the reason, instead of as a failed job minutes
+later. The answers are summarised: lines, errors by status, time, and the cost at the
+hourly price given.
 
-Both summarise the answers: lines, errors by status, time, and for a transform job the
-cost at the hourly price given.
+SageMaker's other offline path, the asynchronous endpoint (`semif batch async`), is
+client.async_endpoint: `DecisionClient.batch_async` runs it, so it sits below the client.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from client.batch_local import BatchInputError, Summary
-from client.decision_client import JSON_LINES, EndpointError
+from client.aws import INVOCATIONS_TIMEOUT_S, split_s3_uri
+from client.errors import BatchInputError, EndpointError
+from client.summary import Summary, count_statuses
+from client.wire import JSON_LINES
 
-# A mini-batch may take long on CPU: SageMaker's longest invocation timeout.
-INVOCATIONS_TIMEOUT_S = 3600
 # No retry of a failed mini-batch (SageMaker's default is 3): a retry re-runs up to an hour
 # of scoring, the lines a mini-batch could answer already come back as answer lines (each
 # with its own status), and a mini-batch that fails whole (the container died or ran out of
@@ -63,33 +58,6 @@ _NO_GPU_AMI = (
     "or newer). Score the file through the endpoint instead (`semif batch local "
     "--endpoint-name ...`), or on a CPU model with a CPU instance type"
 )
-
-
-def aws_client(service: str, region: str | None) -> Any:
-    """A boto3 client with botocore's own retries (control-plane and S3 calls here are
-    cheap to repeat, unlike an invocation under the client's retry policy)."""
-    import boto3
-
-    return boto3.client(service, region_name=region)
-
-
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    """(bucket, key or prefix) of an s3:// URI, else a BatchInputError naming it."""
-    scheme, _, rest = uri.partition("://")
-    bucket, _, key = rest.partition("/")
-    if scheme != "s3" or not bucket:
-        raise BatchInputError(f"{uri!r} is not an s3://bucket/prefix URI")
-    return bucket, key
-
-
-def count_statuses(lines: Iterable[bytes | str]) -> Counter[int]:
-    """Answer lines by status (an answer without one is a 200)."""
-    statuses: Counter[int] = Counter()
-    for line in lines:
-        if line.strip():
-            answer = json.loads(line)
-            statuses[int(answer.get("status", 200)) if isinstance(answer, dict) else 0] += 1
-    return statuses
 
 
 def input_objects(s3: Any, uri: str) -> list[tuple[str, int]]:
@@ -295,67 +263,3 @@ def cost(seconds: float, instances: int, price_per_hour: float) -> float:
     """What the job's instances cost at `price_per_hour` each (SageMaker bills by the
     second while the job runs)."""
     return seconds / 3600 * instances * price_per_hour
-
-
-def run_async(
-    runtime: Any,
-    s3: Any,
-    *,
-    endpoint_name: str,
-    source: Path,
-    input_prefix: str,
-    out: Path,
-    timeout_s: float = 3600.0,
-    poll_s: float = 10.0,
-    progress: Callable[[str], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Summary:
-    """Upload `source`, queue it on the asynchronous endpoint, wait for its answer and
-    write it to `out` (through a temporary file and a rename)."""
-    from botocore.exceptions import ClientError
-
-    try:
-        data = source.read_bytes()
-    except OSError as error:
-        raise BatchInputError(f"cannot read {source}: {error.strerror or error}") from None
-    if not data.strip():
-        raise BatchInputError(f"{source} holds no lines")
-    bucket, prefix = split_s3_uri(input_prefix)
-    key = f"{prefix.rstrip('/')}/{source.stem}-{hashlib.sha256(data).hexdigest()[:16]}.jsonl"
-    key = key.lstrip("/")
-    s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType=JSON_LINES)
-    started = time.monotonic()
-    queued = runtime.invoke_endpoint_async(
-        EndpointName=endpoint_name,
-        InputLocation=f"s3://{bucket}/{key}",
-        ContentType=JSON_LINES,
-        Accept=JSON_LINES,
-        InvocationTimeoutSeconds=int(min(timeout_s, INVOCATIONS_TIMEOUT_S)),
-    )
-    answer_at = split_s3_uri(queued["OutputLocation"])
-    failure = queued.get("FailureLocation")
-    failure_at = split_s3_uri(failure) if failure else None
-    while True:
-        for where, failed in ((answer_at, False), (failure_at, True)):
-            if where is None:
-                continue
-            try:
-                body = s3.get_object(Bucket=where[0], Key=where[1])["Body"].read()
-            except ClientError:
-                continue
-            if failed:
-                raise EndpointError(0, f"{endpoint_name} failed the batch: {body[:500]!r}")
-            temporary = out.with_name(out.name + ".tmp")
-            temporary.write_bytes(body)
-            temporary.replace(out)
-            statuses = count_statuses(body.splitlines())
-            seconds = time.monotonic() - started
-            return Summary(sum(statuses.values()), dict(statuses), seconds, 0)
-        elapsed = time.monotonic() - started
-        if elapsed >= timeout_s:
-            raise EndpointError(0, f"{endpoint_name}: no answer after {timeout_s:.0f} s")
-        if progress is not None:
-            progress(
-                f"{endpoint_name}: queued as {queued.get('InferenceId', '?')} ({elapsed:.0f} s)"
-            )
-        sleep(poll_s)

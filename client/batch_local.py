@@ -33,44 +33,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from client.decision_client import DecisionClient
+from client.errors import BatchInputError
+from client.summary import Summary
 
 PART_SUFFIX = ".part"
 PART_FORMAT = 1
 # A request's lines: sized to take about TARGET_REQUEST_S (Pace), the first one small.
 TARGET_REQUEST_S = 20.0
 FIRST_REQUEST_LINES = 16
-
-
-class BatchInputError(ValueError):
-    """The input or the part file cannot be used (a usage error for the CLI)."""
-
-
-@dataclass(frozen=True)
-class Summary:
-    """What a finished batch did."""
-
-    lines: int
-    statuses: dict[int, int]  # answer status -> lines
-    seconds: float
-    resumed: int  # lines already answered by an earlier run
-
-    @property
-    def errors(self) -> int:
-        return sum(count for status, count in self.statuses.items() if status != 200)
-
-    def describe(self) -> str:
-        rate = (self.lines - self.resumed) / self.seconds if self.seconds > 0 else 0.0
-        kinds = ", ".join(
-            f"{count} x {status}"
-            for status, count in sorted(self.statuses.items())
-            if status != 200
-        )
-        errors = f"{self.errors} errors ({kinds})" if self.errors else "no errors"
-        resumed = f", {self.resumed} from an earlier run" if self.resumed else ""
-        return (
-            f"{self.lines} lines answered{resumed}: {errors}; "
-            f"{self.seconds:.1f} s, {rate:.1f} lines/s"
-        )
 
 
 def state_key(line: str) -> str | None:

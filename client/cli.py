@@ -28,8 +28,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from client.batch_aws import TransformJob, aws_client, cost, run_async, submit
-from client.batch_local import BatchInputError, run_local
+from client.async_endpoint import run_async
+from client.aws import aws_client
+from client.batch_aws import TransformJob, cost, submit
+from client.batch_local import run_local
 from client.decision_client import (
     ChoiceAnswer,
     DecisionClient,
@@ -41,6 +43,7 @@ from client.decision_client import (
     SystemOneAnswers,
     check_prefix_aware_id,
 )
+from client.errors import BatchInputError
 from client.series_check import SERIES, series_warning
 
 TOP_PROBABILITIES = 5
@@ -319,7 +322,7 @@ def _batch_submit(args: argparse.Namespace) -> None:
 
 
 def _batch_async(args: argparse.Namespace) -> None:
-    """A JSON Lines file through the asynchronous endpoint (client.batch_aws)."""
+    """A JSON Lines file through the asynchronous endpoint (client.async_endpoint)."""
     try:
         summary = run_async(
             aws_client("sagemaker-runtime", args.region),

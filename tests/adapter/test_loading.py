@@ -22,9 +22,9 @@ from adapter.labels import letter_mass_floor, probe_decision
 from adapter.model_files import ModelFilesError, resolve_model_files
 from adapter.runtime import load_service
 from adapter.settings import Settings, SettingsError, load_settings
-from tests.model_build.support import CALIBRATION
 from tests.support.broken_models import crush_letter_mass, perturb_output, poison_with_nan
 from tests.support.manifests import write_manifest
+from tests.support.model_build import CALIBRATION
 from tests.support.models import open_test_model
 from tests.support.serving import decision, serving
 

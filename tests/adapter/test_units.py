@@ -25,7 +25,7 @@ from adapter.schema import parse_decision_body
 from adapter.settings import RETIRED, SettingsError, load_settings
 from model_build.calibration import Calibration
 from model_build.manifest import BuildInfo, GgufInfo, Manifest, SourceInfo
-from tests.model_build.support import CALIBRATION
+from tests.support.model_build import CALIBRATION
 from tests.support.serving import decision
 
 # -- settings -----------------------------------------------------------------------------

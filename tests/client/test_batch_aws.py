@@ -19,17 +19,11 @@ import pytest
 from moto import mock_aws
 from moto.sagemakerruntime.models import sagemakerruntime_backends
 
-from client.batch_aws import (
-    TransformJob,
-    cost,
-    has_local_storage,
-    is_gpu_type,
-    run_async,
-    submit,
-)
-from client.batch_local import BatchInputError
+from client.async_endpoint import run_async
+from client.batch_aws import TransformJob, cost, has_local_storage, is_gpu_type, submit
 from client.cli import main
 from client.decision_client import DecisionClient, EndpointError
+from client.errors import BatchInputError
 
 REGION = "us-east-1"
 BUCKET = "semif-dev-artifacts"

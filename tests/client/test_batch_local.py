@@ -19,7 +19,6 @@ from client.batch_local import (
     FIRST_REQUEST_LINES,
     PART_SUFFIX,
     TARGET_REQUEST_S,
-    BatchInputError,
     MiniBatches,
     Pace,
     run_local,
@@ -27,6 +26,7 @@ from client.batch_local import (
 )
 from client.cli import main
 from client.decision_client import DecisionClient
+from client.errors import BatchInputError
 from tests.support.live_server import live_server
 from tests.support.serving import REPO
 

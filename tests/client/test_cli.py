@@ -18,8 +18,8 @@ import pytest
 from adapter.app import create_app
 from adapter.settings import Settings
 from client.cli import main
-from tests.client.scripted import Answer, aws_error, busy, model_error, scripted_server
 from tests.support.live_server import live_server
+from tests.support.scripted_endpoint import Answer, aws_error, busy, model_error, scripted_server
 from tests.support.serving import REPO
 
 DOC = REPO / "docs" / "client.md"

@@ -23,7 +23,7 @@ from client.decision_client import (
     SageMakerTransport,
     parse_retry_after,
 )
-from tests.client.scripted import (
+from tests.support.scripted_endpoint import (
     OK,
     Answer,
     ScriptedServer,

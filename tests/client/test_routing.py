@@ -21,7 +21,7 @@ from adapter.settings import Settings
 from client.cli import main
 from client.decision_client import JSON, DecisionClient, SageMakerTransport, state_first
 from stacks.config import ROUTING_PREFIX_BYTES
-from tests.client.scripted import OK, scripted_server
+from tests.support.scripted_endpoint import OK, scripted_server
 from tests.support.serving import serving
 
 RESULT = {"result": {"id": "x"}}
@@ -227,7 +227,7 @@ def reuse_ratio(
 def test_routing_by_prefix_keeps_each_state_on_one_server(tiny_model_dir: Path) -> None:
     """Two servers, 6 states of ~1.3 KB, 6 questions each in a shuffled order: routed by the
     body's first 1,024 bytes each state is decoded on one server only; in turn, on both.
-    The ratios go to docs/benchmarks.md ("Prefix-aware routing")."""
+    The ratios go to docs/benchmark-history.md ("Prefix-aware routing")."""
     settings = Settings(model_dir=tiny_model_dir, max_tokens=4096, threads=1)
     with serving(settings) as first, serving(settings) as second:
         by_prefix = reuse_ratio([first, second], by_prefix=True, states=6, questions=6)

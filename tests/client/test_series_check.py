@@ -25,7 +25,7 @@ from client.series_check import (
     series_warning,
     watch_series,
 )
-from tests.client.scripted import Answer, scripted_server
+from tests.support.scripted_endpoint import Answer, scripted_server
 
 ENDPOINT = "semif-dev-decision"
 

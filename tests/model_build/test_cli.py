@@ -24,8 +24,8 @@ from model_build.archive import _HashingWriter
 from model_build.embedded import SMOLLM2
 from model_build.manifest import MANIFEST_NAME, load_manifest
 from model_build.sources import PRODUCTION_MODEL
-from tests.model_build.support import CALIBRATION, write_calibration
 from tests.support.model_build import (
+    CALIBRATION,
     REVISION,
     CliRun,
     FileServer,
@@ -35,6 +35,7 @@ from tests.support.model_build import (
     serve_files,
     sha256_hex,
     tiny_model,
+    write_calibration,
 )
 
 EPOCH = "1790000000"  # 2026-09-21T14:13:20Z

@@ -21,7 +21,7 @@ from model_build.manifest import (
     load_manifest,
     parse_manifest,
 )
-from tests.model_build.support import CALIBRATION
+from tests.support.model_build import CALIBRATION
 
 MANIFEST = Manifest(
     source=SourceInfo(

@@ -20,8 +20,7 @@ from moto.core import set_initial_no_auth_action_count
 from model_build.errors import BuildError
 from model_build.manifest import MANIFEST_NAME, parse_manifest
 from model_build.publish import S3Destination, upload
-from tests.model_build.support import write_calibration
-from tests.support.model_build import CliRun, TinyModel, run_cli, tiny_model
+from tests.support.model_build import CliRun, TinyModel, run_cli, tiny_model, write_calibration
 
 BUCKET = "artifacts"
 DEST = f"s3://{BUCKET}/models/prod/model.tar.gz"

@@ -1,4 +1,5 @@
-"""Shared helpers for the model build tests: a loopback file server, a tiny GGUF, the CLI.
+"""Shared helpers for the model build tests: a loopback file server, a tiny GGUF, the CLI,
+and a calibration (which the adapter's manifest tests use too).
 
 The server is a real `http.server` on 127.0.0.1 (port 0) in a thread, serving files under
 Hugging Face's `/<org>/<repo>/resolve/<revision>/<file>` layout, with switches for the
@@ -21,10 +22,20 @@ from typing import Any
 
 import pytest
 
+from model_build.calibration import Calibration
 from model_build.cli import main
 from model_build.tiny_gguf import CHAT_TEMPLATE, write_tiny_gguf
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
+CALIBRATION = Calibration(
+    prompt_version="semif-direct-options/1",
+    option_order="canonical",
+    temperatures={"choice": 1.5, "noul": 0.8},
+    tasks_sha256="d" * 64,
+    counts={"choice": 40, "noul": 12},
+    position_prior={2: (0.6, 0.4)},
+    metrics={"nll_before": 0.71, "nll_after": 0.64},
+)
 
 
 def sha256_hex(data: bytes) -> str:
@@ -175,3 +186,9 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> CliRun:
     code = main(list(args))
     captured = capsys.readouterr()
     return CliRun(code=code, out=captured.out, err=captured.err)
+
+
+def write_calibration(path: Path, calibration: Calibration = CALIBRATION) -> Path:
+    """Write `calibration` as semif-calibrate would and return the path."""
+    path.write_text(calibration.to_json(), encoding="utf-8")
+    return path

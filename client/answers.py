@@ -1,0 +1,148 @@
+"""What a 2xx answer says: the JSON (or JSON Lines) body parsed, and the typed results the
+client hands back (a decision, System One answers, a chat completion).
+
+Parsing is apart from the transports that fetch the bytes and from the client that picks
+which result to build, so each answer's shape is read in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.errors import EndpointError
+from client.wire import JSON, JSON_LINES
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    """One decision's answer: probabilities over the options, in the request's order."""
+
+    id: str
+    option_ids: list[str]
+    probabilities: list[float]
+    allowed_token_mass: float
+    input_tokens: int
+    prompt_sha256: str
+    raw: dict[str, Any] = field(repr=False)
+    readout: str = "letters"  # or "likelihood" (then `raw["normalization"]` says which)
+
+    @classmethod
+    def from_json(cls, result: Mapping[str, Any]) -> DecisionResult:
+        return cls(
+            readout=str(result.get("readout", "letters")),
+            id=result["id"],
+            option_ids=list(result["option_ids"]),
+            probabilities=[float(p) for p in result["probabilities"]],
+            allowed_token_mass=float(result["allowed_token_mass"]),
+            input_tokens=int(result["input_tokens"]),
+            prompt_sha256=result["prompt_sha256"],
+            raw=dict(result),
+        )
+
+    @property
+    def choice(self) -> str:
+        """The most probable option id (the first one on a tie)."""
+        best = max(range(len(self.probabilities)), key=self.probabilities.__getitem__)
+        return self.option_ids[best]
+
+    def probability(self, option_id: str) -> float:
+        return self.probabilities[self.option_ids.index(option_id)]
+
+
+@dataclass(frozen=True)
+class NoulAnswer:
+    yes: float  # P(yes)
+
+
+@dataclass(frozen=True)
+class ChoiceAnswer:
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float
+
+
+@dataclass(frozen=True)
+class ScoreAnswer:
+    score: float  # expected level, 0..N-1
+    legend: dict[str, str]
+    probabilities: dict[str, float]
+    confidence: float
+
+
+SystemOneAnswer = NoulAnswer | ChoiceAnswer | ScoreAnswer
+
+
+def _system_one_answer(answer: Mapping[str, Any]) -> SystemOneAnswer:
+    kind = answer["type"]
+    if kind == "noul":
+        return NoulAnswer(yes=float(answer["noul"]))
+    probabilities = {key: float(p) for key, p in answer["probabilities"].items()}
+    if kind == "choice":
+        return ChoiceAnswer(answer["choice"], probabilities, float(answer["confidence"]))
+    if kind == "score":
+        return ScoreAnswer(
+            float(answer["score"]),
+            dict(answer["legend"]),
+            probabilities,
+            float(answer["confidence"]),
+        )
+    raise EndpointError(200, f"unknown System One answer type {kind!r}", answer)
+
+
+@dataclass(frozen=True)
+class SystemOneAnswers:
+    """Answers keyed like the request's questions."""
+
+    model: str
+    answers: dict[str, SystemOneAnswer]
+    input_tokens: int
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> SystemOneAnswers:
+        return cls(
+            model=body["model"],
+            answers={key: _system_one_answer(value) for key, value in body["answers"].items()},
+            input_tokens=int(body["usage"]["input_tokens"]),
+            raw=dict(body),
+        )
+
+    def __getitem__(self, key: str) -> SystemOneAnswer:
+        return self.answers[key]
+
+
+@dataclass(frozen=True)
+class ChatCompletion:
+    id: str
+    model: str
+    content: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> ChatCompletion:
+        choice = body["choices"][0]
+        return cls(
+            id=body["id"],
+            model=body["model"],
+            content=choice["message"]["content"],
+            finish_reason=choice["finish_reason"],
+            prompt_tokens=int(body["usage"]["prompt_tokens"]),
+            completion_tokens=int(body["usage"]["completion_tokens"]),
+            raw=dict(body),
+        )
+
+
+def parse_answer(text: str | bytes, content_type: str = JSON) -> Any:
+    """The 2xx answer: one JSON value, or for a JSON Lines request the list of its lines."""
+    try:
+        if content_type == JSON_LINES:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return json.loads(text)
+    except ValueError:
+        raise EndpointError(200, "the endpoint answered with invalid JSON", text) from None

@@ -1,0 +1,49 @@
+"""The exceptions the client raises, and nothing else.
+
+They sit below every other client module: the transports raise them, the answer parsers
+and the batch paths raise them, and application code catches them, so none of those has to
+import another to name a failure. What an error *answer* means (which status is busy, the
+Retry-After hint, SageMaker's ModelError) is `client.error_mapping`'s job, not this one's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EndpointError(Exception):
+    """The endpoint answered with an error; `message` is its own explanation."""
+
+    def __init__(self, status: int, message: str, body: Any = None) -> None:
+        super().__init__(f"HTTP {status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+        self.body = body
+
+
+class BusyError(EndpointError):
+    """A retryable answer: 429, 503 unless the body says `"retryable": false`, SageMaker
+    throttling. Raised by the client once the retry policy gives up (the last answer is its
+    `__cause__`). `retry_after_s` is the endpoint's hint, None when it gave none;
+    `retry_token` the place in its retry line to send back with the next attempt."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        body: Any = None,
+        *,
+        retry_after_s: float | None = None,
+        retry_token: str | None = None,
+    ) -> None:
+        super().__init__(status, message, body)
+        self.retry_after_s = retry_after_s
+        self.retry_token = retry_token
+
+
+class UnreachableError(EndpointError):
+    """No HTTP answer at all (connection refused, timeout); status is 0."""
+
+
+class BatchInputError(ValueError):
+    """The input or the part file cannot be used (a usage error for the CLI)."""
