@@ -41,8 +41,8 @@ STEM_MIN_SHARED = 16  # tokens a stem must save per prompt to be worth a step of
 
 # A cross-stream copy moves the whole source stream (every cell, every layer: llama.cpp's
 # kv_unified=false), so it costs by the stream's size, not by the tokens it keeps. Charged
-# as one row per this many cells: on the embedded model (docs/benchmarks.md, "What a copy
-# costs") a copy of a 4,352-cell stream took about as long as decoding 4 rows.
+# as one row per this many cells: on the embedded model (docs/benchmark-history.md, "What a
+# copy costs") a copy of a 4,352-cell stream took about as long as decoding 4 rows.
 COPY_CELLS_PER_ROW = 1024
 
 Prompt = tuple[Sequence[int], Sequence[int]]  # tokens and the continuation tokens after them
