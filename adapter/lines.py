@@ -7,9 +7,9 @@ its own (adapter.line_plan says which ride together), and the answer is a 200 wh
 has one JSON line per input line, in input order: what the line's API answers, or the
 line's error (`status`, `error`, `field`), each with its `line` (0-based). A bad line never
 fails its neighbours, and merging never fails a line that succeeds alone (a merged group
-that fails as asked is tried again in halves); the body is refused whole (413) only when it
-is over SEMIF_MAX_LINES_BYTES or holds more than SEMIF_MAX_LINES lines, arrives too slowly,
-or holds no JSON line at all (then it is not JSON Lines).
+that fails as asked is tried again in halves); the body is refused whole only when it is
+over SEMIF_MAX_LINES_BYTES or holds more than SEMIF_MAX_LINES lines (413), arrives too
+slowly (408), or holds no JSON line at all (400: then it is not JSON Lines).
 
 Memory: the body is read chunk by chunk and each line parsed as soon as it is complete, so
 a line's bytes are gone once parsed (a line over SEMIF_MAX_BODY_BYTES is skipped unread and

@@ -31,8 +31,10 @@ Invariants (tests/adapter/test_admission.py checks them on randomized inputs, fa
   invariants hold: tests/adapter/test_retry_line.py).
 
 Pure: the caller passes the clock and a read-only view of the queue (`Waiting`). Threads:
-the scheduler calls every method under its queue's lock; the worker reports each pass
-(`passed`) there too, so the model is never read half-written.
+the scheduler calls its methods under its queue's lock, and the worker reports each pass
+(`passed`) there too, so the model is never read half-written. Two need no lock:
+`cannot_finish` reads only the job it is given, and `wants_work` only the `Pressure`
+snapshot it is given (the service calls it on the event loop).
 """
 
 from __future__ import annotations

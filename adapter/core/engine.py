@@ -14,8 +14,9 @@ Scoring generates nothing; `start_generation` (chat, adapter/core/generation.py)
 tokens into a stream of its own.
 
 Threads: the context, the KV cache and its plan (`score`, `reset`, the stream operations a
-generation uses, `close`) belong to the scheduler's worker alone; start-up probes call
-`score` before the worker exists. `vocab` (adapter/core/vocab.py) is the one part request
+generation uses) belong to the scheduler's worker alone; start-up probes call `score`
+before the worker exists, and `close` runs on the shutdown thread once the worker has
+ended. `vocab` (adapter/core/vocab.py) is the one part request
 threads use. Weights are read into memory at load (no mmap), so the file can change on disk
 without changing what is served. A `cancel` event (set at shutdown) aborts a load, and
 stops scoring and generation at the next decode boundary.

@@ -20,8 +20,9 @@ its own failure types (adapter.core.failures).
 Chat runs one generation at a time in the same worker, one token per step, between scoring
 passes: scoring never waits for a whole generation.
 
-Threads: `check_room`, `submit`, `submit_generation`, `seconds_for` and `close` run on
-request threads, under the queue's lock; `waiting` and `pressure` are read on any thread
+Threads: `check_room`, `submit`, `submit_generation`, `seconds_for` and `pass_rows` run
+on request threads, under the queue's lock, and `close` on the shutdown thread
+(adapter.runtime's close), under it too; `waiting` and `pressure` are read on any thread
 without it (an integer, and a snapshot the worker replaces whole, `admission.Pressure`);
 everything else runs on the worker, the one thread that decodes or touches the KV cache.
 """
