@@ -352,6 +352,7 @@ class DecisionService:
                 cost=self._price([entry for entry, _ in sending]),
                 boundaries=[entry.boundaries for entry, _ in sending],
                 scored=[entry.scored for entry, _ in sending],
+                held_only=[chunk for _, chunk in sending],
                 retry_token=retry_token,
             )
         parts, timing = self._wait(job.future, cancel, started, field)

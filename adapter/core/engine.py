@@ -84,6 +84,11 @@ class PromptScore:
     token_logprobs: tuple[float, ...] = ()
     scored_top_token: int | None = None
 
+    @classmethod
+    def held(cls, tokens: int) -> PromptScore:
+        """A prompt a stream already held whole, so not decoded (nothing reads its logits)."""
+        return cls(_NO_LOGITS, tokens, reused_tokens=tokens)
+
 
 @dataclass(frozen=True)
 class BatchTiming:
@@ -407,6 +412,11 @@ class LlamaEngine:
     def check_cancel(self) -> None:
         if self._cancel.is_set():
             raise CancelledWorkError("cancelled: the server is shutting down")
+
+    def held(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` a stream already holds, from the first (the worker asks
+        before it sends a long prompt's chunks: adapter.core.scheduler)."""
+        return self.cache.longest_match(tokens)[1]
 
     def reset(self) -> None:
         """Forget every cached token (after a failure, or to measure without reuse). A

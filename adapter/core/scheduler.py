@@ -73,6 +73,7 @@ class _Job:
     price: Price  # adapter.core.layout: what each prompt adds to a pass
     boundaries: Sequence[Sequence[int]]  # per prompt: where checkpoints may be kept
     scored: Sequence[int]  # per prompt: its last tokens whose log-probabilities are read
+    held_only: Sequence[bool]  # per prompt: sent only to be held (a chunk), never read
     deadline: float
     enqueued: float
     cancel: Cancellation
@@ -163,21 +164,27 @@ class Scheduler:
         cost: Price | None = None,
         boundaries: Sequence[Sequence[int]] = (),
         scored: Sequence[int] = (),
+        held_only: Sequence[bool] = (),
         retry_token: str | None = None,
     ) -> _Job:
         """Queue a scoring request (already validated), or raise the admission's RefusedError.
         `cost` is the request's price if the caller already asked the layout for it (the
         service does, for the request budget); `boundaries` per prompt, where the engine
         may keep checkpoints, and `scored` per prompt, how many of its last tokens are
-        scored (LlamaEngine.score); `retry_token` the place in the retry line an earlier
-        refusal gave its client."""
+        scored (LlamaEngine.score); `held_only` per prompt, whether it is sent only to be
+        held for the prompts after it (a long prompt's leading chunk: its score is never
+        read); `retry_token` the place in the retry line an earlier refusal gave its
+        client."""
         if cost is None:
             cost = price(
                 prompts, continuations, stream_cells=self.engine.stream_cells, scored=scored
             )
         cuts = boundaries or [()] * len(prompts)
         counts = scored or [0] * len(prompts)
-        job = _Job(prompts, continuations, cost, cuts, counts, deadline, time.monotonic(), cancel)
+        held = held_only or [False] * len(prompts)
+        job = _Job(
+            prompts, continuations, cost, cuts, counts, held, deadline, time.monotonic(), cancel
+        )
         with self._condition:
             self._admit(retry_token, claim=True)
             self._queue.append(job)
@@ -274,6 +281,7 @@ class Scheduler:
         for job in self._queue:
             if len(taken) >= self.max_batch_requests:
                 break
+            self._skip_held(job)
             end = fitting(
                 job.price.prompts,
                 job.done,
@@ -295,6 +303,24 @@ class Scheduler:
         self._pass_work = sum((job.price.work(start, end) for job, start, end in taken), Work())
         self._publish()
         return taken
+
+    def _skip_held(self, job: _Job) -> None:
+        """Pass over the job's next chunks (prompts sent only to be held, leading a long
+        prompt) where they would cost a pass each for nothing: a chunk a stream already
+        holds (a follow-up question inside a resident state), and every chunk once what
+        the cache lacks of the prompt they lead to fits one pass. Only with prefix reuse,
+        where what the cache holds may be used; a skipped chunk counts as reused whole."""
+        if not self.engine.prefix_reuse:
+            return
+        while job.held_only[job.done]:
+            chunk = job.prompts[job.done]
+            led = next(i for i in range(job.done, len(job.prompts)) if not job.held_only[i])
+            lacking = len(job.prompts[led]) - self.engine.held(job.prompts[led])
+            if lacking > self.admission.pass_rows and self.engine.held(chunk) < len(chunk):
+                return
+            job.scores.append(PromptScore.held(len(chunk)))
+            job.reused += len(chunk)
+            job.done += 1
 
     def _expired(self, job: _Job, now: float) -> bool:
         if job.cancel.is_set():

@@ -402,3 +402,29 @@ def test_a_prompt_longer_than_a_pass_is_decoded_in_chunks_bit_for_bit(
         assert chunked.reused_tokens == [0]
     timing = chunked.timing
     assert timing.reused_tokens + timing.evaluated_tokens == sum(chunked.input_tokens)
+
+
+def test_a_follow_up_in_chunks_skips_the_chunks_its_state_holds(tiny_gguf: Path) -> None:
+    """A second question about a long state: its leading chunks lie inside the state a
+    stream already holds, so none costs a pass (they count as reused), and it reads bit
+    for bit what it reads sent whole."""
+    state = "An account history. " * 30
+    options = tuple(Option(o, f"The {o} option.") for o in ("refunds", "shipping", "sales"))
+    first, second = (
+        Decision(i, state, q, options) for i, q in (("a", "Which queue?"), ("b", "Who?"))
+    )
+    results = []
+    for most_rows in (128, 4096):
+        service = _service(open_test_model(tiny_gguf))
+        service.scheduler.admission.most_pass_rows = most_rows
+        try:
+            service.score([first], ["decision"])
+            results.append(service.score([second], ["decision"]))
+        finally:
+            service.close(10)
+    chunked, whole = results
+    assert chunked.input_tokens[0] > 5 * 128
+    assert chunked.timing.passes == whole.timing.passes == 1
+    assert chunked.readouts[0].option_logits == whole.readouts[0].option_logits
+    assert chunked.reused_tokens == whole.reused_tokens
+    assert chunked.timing.evaluated_tokens == whole.timing.evaluated_tokens

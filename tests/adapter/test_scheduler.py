@@ -628,3 +628,40 @@ def test_13_a_pass_is_bounded_in_time_as_well_as_rows(monkeypatch: pytest.Monkey
         engine.release.set()
         assert scheduler.close(10)
     assert [len(requests_of(one)) for one in engine.passes[1:]] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "no-reuse"])
+def test_14_chunks_the_cache_holds_cost_no_pass(
+    monkeypatch: pytest.MonkeyPatch, prefix_reuse: bool
+) -> None:
+    """A follow-up question about a 600-token state, sent as the service sends it (chunks
+    of 200 first, then the prompt): with prefix reuse the chunks inside the resident state
+    are skipped, counted as reused, and the prompt, lacking less than a pass, follows at
+    once; without it, every chunk is decoded, over several passes."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=prefix_reuse)
+    state = [MARK + 1, *range(1, 600)]
+    follow_up = [*state, *range(5000, 5050)]
+    chunks = [follow_up[:end] for end in (200, 400, 600)]
+    deadline = engine.clock.monotonic() + 1000
+    try:
+        engine.release.set()
+        scheduler.submit([state], [()], deadline, Cancellation()).future.result(10)
+        job = scheduler.submit(
+            [*chunks, follow_up],
+            [()] * 4,
+            deadline,
+            Cancellation(),
+            held_only=[True, True, True, False],
+        )
+        scores, timing = job.future.result(10)
+    finally:
+        assert scheduler.close(10)
+    assert scores[-1].logits[0] == identity(follow_up)
+    later = [prompt for one in engine.passes[1:] for prompt in one.prompts]
+    if prefix_reuse:
+        assert later == [tuple(follow_up)]
+        assert [score.reused_tokens for score in scores[:3]] == [200, 400, 600]
+        assert timing.passes == 1
+    else:
+        assert later == [tuple(prompt) for prompt in [*chunks, follow_up]]
+        assert timing.passes > 1

@@ -1,7 +1,7 @@
 """An engine that only records what the scheduler asks of it, for scheduler tests.
 
 It has what adapter.core.scheduler reads of a `LlamaEngine` (pass_rows, max_branches, stream_cells,
-prefix_reuse, score, start_generation). Every pass waits for `release` (set it to let the
+prefix_reuse, score, held, start_generation). Every pass waits for `release` (set it to let the
 worker run; `entered` tells that a pass is waiting), then is recorded. Time is a
 `FakeClock` that moves only while it works (a pass, a chat token): put the clock in place
 of adapter.core.scheduler's `time` and expiries follow the schedule, not this machine's speed.
@@ -19,6 +19,7 @@ import numpy as np
 
 from adapter.core.engine import BatchTiming, PromptScore
 from adapter.core.generation import Sampling
+from adapter.core.layout import common_prefix_length
 
 PASS_SECONDS = 1.0  # fake time a pass takes
 TOKEN_SECONDS = 0.25  # fake time a chat token takes
@@ -113,6 +114,11 @@ class FakeEngine:
         self.clock.advance(PASS_SECONDS)
         scores = [PromptScore(np.array([identity(p)], np.float32), len(p)) for p in prompts]
         return scores, BatchTiming(sum(map(len, prompts)), 0, 0, 0, PASS_SECONDS)
+
+    def held(self, tokens: Sequence[int]) -> int:
+        """The longest prefix of `tokens` a prompt scored before begins with (a cache that
+        never forgets)."""
+        return max((common_prefix_length(p, tokens) for p in self.scored()), default=0)
 
     def start_generation(
         self, prompt: Sequence[int], *, max_new_tokens: int, sampling: Sampling, stop: Any
