@@ -8,8 +8,9 @@ general protection fault at `ldtilecfg` in `ggml_backend_amx_mul_mat`: the tile
 configuration it loads is invalid where the compiler drops the copy it is loaded from
 (Ollama fixed the same crash on AWS m7i by building with GCC 13 instead of 11, the DLC's,
 ollama#17244), and worker threads never ask the kernel for tile permission;
-ggml-org/llama.cpp#20824, fix pending in #26954). So weights never go to AMX buffers unless
-the operator asks.
+ggml-org/llama.cpp#20824, fix pending in #26954; built with GCC 12 it died of SIGILL at the
+first decode on this project's AMX VM, docs/benchmark-history.md). So weights never go to
+AMX buffers unless the operator asks.
 
 llama.cpp decides per tensor, from an ordered list of buffer types, and lets a caller shape
 that list only as a whole: `llama_model_params.use_extra_bufts` turns every extra type on or
