@@ -18,18 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 from cdk_constructs.endpoint_operations import (
     INSTANCE_NAMESPACE,
     INVOCATION_NAMESPACE,
-    PERIOD,
     SIGNAL_WINDOW,
     endpoint_selector,
     median_allowed_token_mass,
     refused_share,
+    sagemaker_metric,
     seconds_per_decoded_row,
     signal_rate,
     unavailable_share,
@@ -129,17 +128,8 @@ class EndpointDashboard(Construct):
         super().__init__(scope, construct_id)
         dimensions = {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}
 
-        def metric(
-            namespace: str, name: str, statistic: str, label: str, period: Duration = PERIOD
-        ) -> cloudwatch.Metric:
-            return cloudwatch.Metric(
-                namespace=namespace,
-                metric_name=name,
-                dimensions_map=dimensions,
-                statistic=statistic,
-                period=period,
-                label=label,
-            )
+        def metric(namespace: str, name: str, statistic: str, label: str) -> cloudwatch.Metric:
+            return sagemaker_metric(namespace, name, dimensions, statistic, label)
 
         def graph(title: str, *metrics: cloudwatch.IMetric) -> cloudwatch.GraphWidget:
             return cloudwatch.GraphWidget(

@@ -13,7 +13,7 @@ on the age of its oldest queued request (`AsyncEndpointAutoscaling`, `AsyncEndpo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aws_cdk import Duration
@@ -196,16 +196,21 @@ class EndpointAlarms(Construct):
         _notify(self.alarms, topic)
 
 
-def _metric(
-    namespace: str, name: str, dimensions: dict[str, str], statistic: str
+def sagemaker_metric(
+    namespace: str,
+    name: str,
+    dimensions: Mapping[str, str],
+    statistic: str,
+    label: str | None = None,
 ) -> cloudwatch.Metric:
-    """One of SageMaker's metrics, a minute at a time."""
+    """One of SageMaker's metrics, a minute at a time (alarms and dashboards alike)."""
     return cloudwatch.Metric(
         namespace=namespace,
         metric_name=name,
-        dimensions_map=dimensions,
+        dimensions_map=dict(dimensions),
         statistic=statistic,
         period=PERIOD,
+        label=label,
     )
 
 
@@ -223,7 +228,7 @@ def _five_xx_check(dimensions: dict[str, str], percent: float) -> Check:
     error_rate = cloudwatch.MathExpression(
         expression="IF(invocations > 0, 100 * FILL(errors, 0) / invocations, 0)",
         using_metrics={
-            name: _metric(INVOCATION_NAMESPACE, metric, dimensions, "Sum")
+            name: sagemaker_metric(INVOCATION_NAMESPACE, metric, dimensions, "Sum")
             for name, metric in (("errors", "Invocation5XXErrors"), ("invocations", "Invocations"))
         },
         period=PERIOD,
@@ -239,7 +244,7 @@ def _health_checks(
     SageMaker publishes as the endpoint's role."""
 
     def metric(name: str) -> cloudwatch.Metric:
-        return _metric(INSTANCE_NAMESPACE, name, dimensions, "Maximum")
+        return sagemaker_metric(INSTANCE_NAMESPACE, name, dimensions, "Maximum")
 
     checks: list[Check] = [
         (
@@ -305,7 +310,7 @@ ASYNC_SCALE_OUT_COOLDOWN = Duration.minutes(5)
 
 
 def _queue_metric(endpoint_name: str, name: str, statistic: str) -> cloudwatch.Metric:
-    return _metric(INVOCATION_NAMESPACE, name, {"EndpointName": endpoint_name}, statistic)
+    return sagemaker_metric(INVOCATION_NAMESPACE, name, {"EndpointName": endpoint_name}, statistic)
 
 
 class AsyncEndpointAutoscaling(Construct):
@@ -405,7 +410,7 @@ class AsyncEndpointAlarms(Construct):
             (
                 "Failures",
                 "InvocationFailures a minute",
-                _metric(INVOCATION_NAMESPACE, FAILED_INVOCATIONS_METRIC, variant, "Sum"),
+                sagemaker_metric(INVOCATION_NAMESPACE, FAILED_INVOCATIONS_METRIC, variant, "Sum"),
                 0.0,
             ),
             (

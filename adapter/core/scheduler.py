@@ -278,16 +278,17 @@ class Scheduler:
             self._queue.remove(job)  # every pass: not only those the pass would reach
         taken: list[tuple[_Job, int, int]] = []
         rows = sequences = 0
+        pass_rows = self.admission.pass_rows
         for job in self._queue:
             if len(taken) >= self.max_batch_requests:
                 break
-            self._skip_held(job)
+            self._skip_held(job, pass_rows)
             end = fitting(
                 job.price.prompts,
                 job.done,
                 rows=rows,
                 sequences=sequences,
-                pass_rows=self.admission.pass_rows,
+                pass_rows=pass_rows,
                 max_sequences=self.engine.max_branches,
             )
             if end == job.done:
@@ -304,19 +305,19 @@ class Scheduler:
         self._publish()
         return taken
 
-    def _skip_held(self, job: _Job) -> None:
+    def _skip_held(self, job: _Job, pass_rows: int) -> None:
         """Pass over the job's next chunks (prompts sent only to be held, leading a long
         prompt) where they would cost a pass each for nothing: a chunk a stream already
         holds (a follow-up question inside a resident state), and every chunk once what
         the cache lacks of the prompt they lead to fits one pass. Only with prefix reuse,
         where what the cache holds may be used; a skipped chunk counts as reused whole."""
-        if not self.engine.prefix_reuse:
+        if not (self.engine.prefix_reuse and job.held_only[job.done]):
             return
+        led = next(i for i in range(job.done, len(job.prompts)) if not job.held_only[i])
+        lacking = len(job.prompts[led]) - self.engine.held(job.prompts[led])
         while job.held_only[job.done]:
             chunk = job.prompts[job.done]
-            led = next(i for i in range(job.done, len(job.prompts)) if not job.held_only[i])
-            lacking = len(job.prompts[led]) - self.engine.held(job.prompts[led])
-            if lacking > self.admission.pass_rows and self.engine.held(chunk) < len(chunk):
+            if lacking > pass_rows and self.engine.held(chunk) < len(chunk):
                 return
             job.scores.append(PromptScore.held(len(chunk)))
             job.reused += len(chunk)

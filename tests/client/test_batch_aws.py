@@ -179,28 +179,28 @@ def test_async_failure_is_an_error_and_writes_nothing(aws: None, tmp_path: Path)
     assert not out.exists()
 
 
+def _submit_argv(job: TransformJob, *extra: str) -> list[str]:
+    """`semif batch submit` for `job`, with `extra` options."""
+    return [
+        "batch",
+        "submit",
+        "--model-name",
+        job.model_name,
+        "--input",
+        job.input_uri,
+        "--output",
+        job.output_uri,
+        "--kms-key-id",
+        job.kms_key_id,
+        *extra,
+    ]
+
+
 def test_the_cli_submits_and_prints_the_cost(aws: None, capsys: pytest.CaptureFixture[str]) -> None:
     _put_inputs_and_outputs(boto3.client("s3", region_name=REGION))
     job = _job()
     code = main(
-        [
-            "batch",
-            "submit",
-            "--model-name",
-            job.model_name,
-            "--input",
-            job.input_uri,
-            "--output",
-            job.output_uri,
-            "--kms-key-id",
-            job.kms_key_id,
-            "--job-name",
-            "cli-job",
-            "--price-per-hour",
-            "0.408",
-            "--poll-s",
-            "0",
-        ]
+        _submit_argv(job, "--job-name", "cli-job", "--price-per-hour", "0.408", "--poll-s", "0")
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -288,21 +288,6 @@ def test_a_gpu_model_or_an_unknown_one_fails_before_any_job(aws: None) -> None:
 
 def test_the_cli_refuses_a_gpu_type_as_usage(capsys: pytest.CaptureFixture[str]) -> None:
     job = _job()
-    code = main(
-        [
-            "batch",
-            "submit",
-            "--model-name",
-            job.model_name,
-            "--input",
-            job.input_uri,
-            "--output",
-            job.output_uri,
-            "--kms-key-id",
-            job.kms_key_id,
-            "--instance-type",
-            "ml.g6e.xlarge",
-        ]
-    )
+    code = main(_submit_argv(job, "--instance-type", "ml.g6e.xlarge"))
     assert code == 2
     assert "ml.g6e.xlarge is a GPU type" in capsys.readouterr().err
