@@ -65,6 +65,7 @@ def create_app(
                     "status": "ok",
                     "model": model.get("file"),
                     "backends": model.get("backends"),
+                    "chat_template": model.get("chat_template"),  # which one renders prompts
                     "serving": model.get("serving"),  # the KV cache's real size among them
                 },
             )

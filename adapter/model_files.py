@@ -4,18 +4,29 @@ SageMaker unpacks model.tar.gz into /opt/ml/model. Serving the wrong file silent
 worst failure a decision service can have, so discovery is strict (exactly one candidate)
 and the manifest's size and sha256 are verified before the model is loaded. In SageMaker's
 model directory the manifest is required (`require_manifest`): a GGUF nobody verified is
-refused unless SEMIF_ALLOW_UNVERIFIED_MODEL=true says otherwise.
+refused unless SEMIF_ALLOW_UNVERIFIED_MODEL=true says otherwise. An operator's chat template
+the manifest lists (model-build --chat-template) is verified the same way and read here; a
+template file the manifest does not list is never read.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adapter.template_text import TemplateText
 from model_build.calibration import Calibration
 from model_build.embedded import sha256_of
-from model_build.manifest import Manifest, ManifestError, load_manifest
+from model_build.manifest import (
+    ChatTemplateFile,
+    ChatTemplateFileError,
+    Manifest,
+    ManifestError,
+    chat_template_text,
+    load_manifest,
+)
 
 MANIFEST_NAME = "model-manifest.json"
 
@@ -31,6 +42,8 @@ class ModelFiles:
     gguf: Path
     identity: dict[str, Any] = field(default_factory=dict)
     calibration: Calibration | None = None  # the manifest's, applied to option probabilities
+    # The operator's chat template the manifest lists, verified (SEMIF_CHAT_TEMPLATE wins).
+    chat_template: TemplateText | None = None
     # (size, mtime_ns) when verified: the load must read the very file that was checked.
     stamp: tuple[int, ...] = ()
 
@@ -95,6 +108,9 @@ def resolve_model_files(
         gguf=gguf,
         identity=identity,
         calibration=manifest.calibration,
+        chat_template=None
+        if manifest.chat_template is None
+        else read_chat_template(manifest_path, manifest.chat_template),
         stamp=stamp,
     )
 
@@ -134,6 +150,33 @@ def verify_against_manifest(gguf: Path, manifest_path: Path, manifest: Manifest)
         "calibration": calibration_summary(manifest.calibration),
         "manifest": MANIFEST_NAME,
     }
+
+
+def read_chat_template(manifest_path: Path, entry: ChatTemplateFile) -> TemplateText:
+    """The packed chat template beside the manifest, refused unless its size and sha256 are
+    the manifest's. Read once: the bytes checked are the text served."""
+    path = manifest_path.parent / entry.file
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ModelFilesError(
+            f"{manifest_path} lists chat template {entry.file}, which cannot be read "
+            f"({error.strerror})"
+        ) from None
+    if len(data) != entry.bytes:
+        raise ModelFilesError(
+            f"{entry.file}: size {len(data)} bytes does not match manifest {entry.bytes}"
+        )
+    actual_sha = hashlib.sha256(data).hexdigest()
+    if actual_sha != entry.sha256:
+        raise ModelFilesError(
+            f"{entry.file}: sha256 {actual_sha} does not match manifest {entry.sha256}"
+        )
+    try:
+        text = chat_template_text(data)
+    except ChatTemplateFileError as error:
+        raise ModelFilesError(f"{entry.file} {error}") from None
+    return TemplateText(text, "operator", f"{entry.file} (listed in {manifest_path.name})")
 
 
 def calibration_summary(calibration: Calibration | None) -> dict[str, Any] | None:

@@ -70,7 +70,7 @@ _SENTINELS = (USER_OPEN, USER_CLOSE)
 
 
 class TemplateRenderError(RuntimeError):
-    """The GGUF's chat template cannot render a system + user conversation."""
+    """The chat template cannot render a system + user conversation."""
 
 
 class MarkedTextError(TemplateRenderError):
@@ -149,7 +149,7 @@ def _strftime_now(fmt: str) -> str:
 
 
 class ChatTemplate:
-    """A compiled GGUF chat template plus the special-token texts it may reference."""
+    """A compiled chat template plus the special-token texts it may reference."""
 
     def __init__(self, source: str, bos_token: str, eos_token: str) -> None:
         environment = ImmutableSandboxedEnvironment(
@@ -176,8 +176,12 @@ class ChatTemplate:
                 eos_token=self._eos_token,
                 tools=None,
             )
-        except TemplateError as error:
-            raise TemplateRenderError(f"chat template failed to render: {error}") from None
+        # A template is foreign code: whatever it raises (a TemplateError, or a TypeError
+        # from `content + 1`) means it cannot render these messages.
+        except Exception as error:
+            raise TemplateRenderError(
+                f"chat template failed to render: {type(error).__name__}: {error}"
+            ) from None
 
 
 def answer_labels(count: int) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from typing import Literal
 from adapter.backends import cpu_backend, load_backends
 from adapter.calibration import check_calibration
 from adapter.core.engine import LlamaEngine
+from adapter.core.failures import ModelLoadError
 from adapter.errors import UnavailableError
 from adapter.labels import LabelSet, probe_decision, probe_labels
 from adapter.metrics import Metrics
@@ -32,15 +33,22 @@ from adapter.prompts import (
     PAIR_LABEL_SEQUENCES,
     PROMPT_VERSION,
     ChatTemplate,
+    TemplateRenderError,
     check_marks_survive,
 )
 from adapter.service import DecisionService
 from adapter.settings import Settings
+from adapter.template_text import TemplateText
 
 LOG = logging.getLogger("adapter")
 State = Literal["loading", "ready", "failed"]
 # After the grace period, how long closing waits for a cancelled call to leave the engine.
 CLOSE_WAIT_SECONDS = 3.0
+# How an operator supplies a chat template (docs/adapter.md, "Chat template").
+_SUPPLY_TEMPLATE = (
+    "set SEMIF_CHAT_TEMPLATE to a Jinja chat template file, or pack one with "
+    "model-build --chat-template"
+)
 _GPU_BACKEND_PREFIXES = ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL", "MUSA", "CANN")
 
 
@@ -83,7 +91,9 @@ def load_service(
             exact=settings.exact_scoring,
             kv_budget=settings.kv_memory,
             cancel=cancel,
-        )
+        ),
+        # The explicit setting wins over the template model-build packed.
+        settings.chat_template or files.chat_template,
     )
     engine = loaded.engine
     try:
@@ -95,6 +105,7 @@ def load_service(
         **files.identity,
         "backends": backends,
         "prompt_version": PROMPT_VERSION,
+        "chat_template": loaded.template_text.identity(),
         "serving": {
             **engine.description(),
             "n_gpu_layers": settings.n_gpu_layers,
@@ -125,25 +136,46 @@ class LoadedModel:
     engine: LlamaEngine
     template: ChatTemplate
     labels: LabelSet
+    template_text: TemplateText  # what `template` was compiled from, and where it came from
 
 
-def prepare_model(engine: LlamaEngine) -> LoadedModel:
-    """Make a loaded engine servable: compile its chat template, check it keeps request text
-    marked, probe its labels and score one probe decision. A refused model frees its native
-    memory (the engine is closed) before the error propagates. Where the weights went is
-    logged first: a native crash in the first decode then has its context in the log."""
+def prepare_model(engine: LlamaEngine, operator: TemplateText | None = None) -> LoadedModel:
+    """Make a loaded engine servable: compile its chat template (the operator's when given,
+    else the GGUF's), check it keeps request text marked, probe its labels and score one
+    probe decision. A refused model frees its native memory (the engine is closed) before
+    the error propagates. Where the weights went is logged first: a native crash in the
+    first decode then has its context in the log."""
     LOG.info("%s", engine.weights.describe())
     try:
+        text = operator or _gguf_template(engine)
+        LOG.info("chat template: %s (sha256 %s)", text.origin, text.sha256)
         bos, eos = engine.vocab.special_texts()
-        template = ChatTemplate(engine.vocab.chat_template_source(), bos_token=bos, eos_token=eos)
-        check_marks_survive(template)
-        labels = probe_labels(engine, template)
-        mass = probe_decision(engine, template, labels)
+        try:
+            template = ChatTemplate(text.text, bos_token=bos, eos_token=eos)
+            check_marks_survive(template)
+            labels = probe_labels(engine, template)
+            mass = probe_decision(engine, template, labels)
+        except TemplateRenderError as error:
+            # Named by origin: the operator's file to fix, or the GGUF's to replace.
+            hint = f"; {_SUPPLY_TEMPLATE}" if text.source == "gguf" else ""
+            raise TemplateRenderError(f"{text.origin}: {error}{hint}") from None
         LOG.info("probe decision: letter mass %.3g", mass)
-        return LoadedModel(engine, template, labels)
+        return LoadedModel(engine, template, labels, text)
     except BaseException:
         engine.close()
         raise
+
+
+def _gguf_template(engine: LlamaEngine) -> TemplateText:
+    """The GGUF's own chat template; without one (and no operator template) nothing can
+    render a prompt, so the model is refused."""
+    source = engine.vocab.chat_template_source()
+    if source is None:
+        raise ModelLoadError(
+            "the model has no chat template (tokenizer.chat_template) and none was given: "
+            + _SUPPLY_TEMPLATE
+        )
+    return TemplateText(source, "gguf", "the GGUF's chat template (tokenizer.chat_template)")
 
 
 @dataclass

@@ -28,8 +28,10 @@ from adapter.likelihood import (
     Readout,
     ReadoutChoice,
 )
+from adapter.template_text import TemplateText
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from model_build.calibration import NORMALIZATIONS, OPTION_ORDERS, Normalization, OptionOrder
+from model_build.manifest import ChatTemplateFileError, read_chat_template
 
 # Where SageMaker unpacks model.tar.gz; serving from here is what "inside SageMaker" means.
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
@@ -130,6 +132,8 @@ class Settings:
     weight_buffers: WeightBuffers = "auto"
     # What the KV cache may take; the number of streams follows (adapter.kv_memory).
     kv_memory: KvBudget = field(default_factory=lambda: KvBudget(AUTO))
+    # SEMIF_CHAT_TEMPLATE, read at start: renders prompts instead of the model's template.
+    chat_template: TemplateText | None = field(default=None, repr=False)
 
     @property
     def queue_limits(self) -> QueueLimits:
@@ -256,6 +260,21 @@ def _lib_path(env: Mapping[str, str]) -> Path | None:
     return lib_path
 
 
+def _chat_template(env: Mapping[str, str]) -> TemplateText | None:
+    """The operator's chat template file, read once here: it then wins over the model's
+    (the packed one and the GGUF's), and is compiled and probed with the model at load."""
+    path = _path(env, "SEMIF_CHAT_TEMPLATE")
+    if path is None:
+        return None
+    try:
+        _, text = read_chat_template(path)
+    except ChatTemplateFileError as error:
+        raise SettingsError(
+            f"SEMIF_CHAT_TEMPLATE={path} {error}; give a Jinja chat template file or unset it"
+        ) from None
+    return TemplateText(text, "operator", f"SEMIF_CHAT_TEMPLATE={path}")
+
+
 def _api_key(env: Mapping[str, str]) -> str | None:
     if "SEMIF_API_KEY" not in env:
         return None
@@ -378,6 +397,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "SEMIF_WEIGHT_BUFFERS", WEIGHT_BUFFERS, Settings.weight_buffers
         ),
         kv_memory=_kv_memory(env),
+        chat_template=_chat_template(env),
     )
 
 

@@ -1,13 +1,14 @@
 """One model build: pinned source -> verified GGUF -> manifest -> model.tar.gz -> destination.
 
 Every step refuses rather than guesses: the source must hash to the expected sha256, be a
-GGUF with a chat template, and be packed byte for byte as validated (the packer re-hashes
-what it reads). Nothing reaches the destination until the whole archive exists and is
-hashed, and no partial archive survives a failure.
+GGUF with a chat template (its own, or an operator's packed beside it), and be packed byte
+for byte as validated (the packer re-hashes what it reads). Nothing reaches the destination
+until the whole archive exists and is hashed, and no partial archive survives a failure.
 
 A build key (sha256 over the source URI, the expected GGUF sha256, the builder's version
-and code, and the calibration) identifies a build's inputs. It is stored with the S3 object,
-so running the same build again finds the object and skips download, packing and upload.
+and code, the calibration and the operator's chat template) identifies a build's inputs. It
+is stored with the S3 object, so running the same build again finds the object and skips
+download, packing and upload.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from model_build.errors import BuildError
 from model_build.fetch import HttpSettings, RetryPolicy, ensure_free_space, fetch
 from model_build.gguf_info import inspect_gguf
 from model_build.manifest import (
+    CHAT_TEMPLATE_NAME,
     MANIFEST_NAME,
     SCHEMA_VERSION,
     BuildInfo,
+    ChatTemplateFile,
     GgufInfo,
     Manifest,
     SourceInfo,
@@ -88,7 +91,18 @@ class BuildRequest:
     retry: RetryPolicy
     kms_key_id: str | None = None
     calibration: Calibration | None = None  # recorded as the manifest's `calibration`
+    # An operator's chat template (the file's bytes, checked UTF-8 text): packed as
+    # CHAT_TEMPLATE_NAME and recorded as the manifest's `chat_template`.
+    chat_template: bytes | None = None
     part_bytes: int = 64 << 20
+
+    @property
+    def chat_template_file(self) -> ChatTemplateFile | None:
+        """The manifest entry of the operator's chat template, when one is given."""
+        if self.chat_template is None:
+            return None
+        digest = hashlib.sha256(self.chat_template).hexdigest()
+        return ChatTemplateFile(CHAT_TEMPLATE_NAME, len(self.chat_template), digest)
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,9 @@ def build_key(request: BuildRequest) -> str:
         "calibration_sha256": None
         if request.calibration is None
         else calibration_sha256(request.calibration),
+        "chat_template_sha256": None
+        if request.chat_template_file is None
+        else request.chat_template_file.sha256,
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -156,7 +173,13 @@ def run_build(request: BuildRequest, s3_client: Callable[[], Any]) -> BuildResul
     )
     name = file_name(request.source)
     log.info("verified %s: %d bytes, sha256 %s", name, fetched.size, fetched.sha256)
-    gguf = inspect_gguf(fetched.path, file=name, size=fetched.size, sha256=fetched.sha256)
+    gguf = inspect_gguf(
+        fetched.path,
+        file=name,
+        size=fetched.size,
+        sha256=fetched.sha256,
+        operator_template=request.chat_template is not None,
+    )
     log.info(
         "GGUF %s: architecture %s, file type %s, context %s, vocabulary %d",
         name,
@@ -165,10 +188,23 @@ def run_build(request: BuildRequest, s3_client: Callable[[], Any]) -> BuildResul
         gguf.context_length,
         gguf.vocab_size,
     )
+    template = request.chat_template_file
+    if template is not None:
+        log.info(
+            "operator chat template: %d bytes, sha256 %s, packed as %s",
+            template.bytes,
+            template.sha256,
+            template.file,
+        )
     with tempfile.TemporaryDirectory(dir=request.work_dir, prefix="pack-") as scratch:
         manifest_path = Path(scratch) / MANIFEST_NAME
         manifest_path.write_text(_manifest(request, gguf).to_json(), encoding="utf-8")
         members = [(name, fetched.path), (MANIFEST_NAME, manifest_path)]
+        if request.chat_template is not None:
+            # Packed from these bytes, the ones hashed into the manifest.
+            template_path = Path(scratch) / CHAT_TEMPLATE_NAME
+            template_path.write_bytes(request.chat_template)
+            members.append((CHAT_TEMPLATE_NAME, template_path))
         if isinstance(request.dest, LocalDestination):
             digest = _pack(members, request.dest.path, name, fetched.sha256)
             version_id = None
@@ -212,6 +248,7 @@ def _manifest(request: BuildRequest, gguf: GgufInfo) -> Manifest:
             builder_version=builder_version(),
         ),
         calibration=request.calibration,
+        chat_template=request.chat_template_file,
     )
 
 

@@ -30,6 +30,7 @@ from model_build.calibration import Calibration, CalibrationError, load_calibrat
 from model_build.embedded import SMOLLM2
 from model_build.errors import BuildError
 from model_build.fetch import HttpSettings, RetryPolicy
+from model_build.manifest import CHAT_TEMPLATE_NAME, ChatTemplateFileError, read_chat_template
 from model_build.publish import parse_destination
 from model_build.sources import (
     EMBEDDED,
@@ -105,6 +106,15 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "manifest's calibration section [MODEL_CALIBRATION_FILE]",
     )
     parser.add_argument(
+        "--chat-template",
+        type=Path,
+        default=env.get("MODEL_CHAT_TEMPLATE_FILE") or None,
+        metavar="FILE",
+        help="a Jinja chat template (UTF-8) to serve the model with instead of the GGUF's "
+        f"own, packed as {CHAT_TEMPLATE_NAME} and recorded in the manifest; a GGUF without "
+        "a template needs one [MODEL_CHAT_TEMPLATE_FILE]",
+    )
+    parser.add_argument(
         "--retries",
         type=int,
         default=env.get("MODEL_BUILD_RETRIES") or str(RetryPolicy.attempts),
@@ -131,6 +141,7 @@ def _request(args: argparse.Namespace, env: Mapping[str, str]) -> BuildRequest:
     dest = parse_destination(args.dest)
     source, sha256 = _resolve_source(args.source, args.sha256)
     calibration = None if args.calibration is None else _calibration(args.calibration)
+    chat_template = None if args.chat_template is None else _chat_template(args.chat_template)
     if args.part_size_mb < 5:
         raise BuildError(f"bad part size {args.part_size_mb} MiB: S3 parts are at least 5 MiB")
     if args.retries < 1 or args.retry_wait < 0:
@@ -145,6 +156,7 @@ def _request(args: argparse.Namespace, env: Mapping[str, str]) -> BuildRequest:
         retry=RetryPolicy(attempts=args.retries, first_wait_s=args.retry_wait),
         kms_key_id=args.kms_key_id,
         calibration=calibration,
+        chat_template=chat_template,
         part_bytes=args.part_size_mb << 20,
     )
 
@@ -176,6 +188,17 @@ def _calibration(path: Path) -> Calibration:
         calibration.temperatures,
     )
     return calibration
+
+
+def _chat_template(path: Path) -> bytes:
+    """The operator's chat template file, checked to be UTF-8 text before anything is
+    downloaded. Whether it renders is checked by the adapter at start (jinja2 is not in the
+    build environment), with the same checks as a GGUF's own template."""
+    try:
+        data, _ = read_chat_template(path)
+    except ChatTemplateFileError as error:
+        raise BuildError(f"{path}: chat template {error}") from None
+    return data
 
 
 def _built_at(env: Mapping[str, str]) -> datetime:

@@ -3,7 +3,8 @@
 The header is checked by hand first (magic `GGUF`, version 2 or 3) so that a wrong file gets
 a one-line answer instead of a parser traceback; the key/value metadata is then read with the
 `gguf` package, which memory-maps the file (nothing is loaded). A GGUF without a chat
-template is refused: the adapter renders every prompt with the model's own template.
+template is refused unless the build packs an operator's template (`--chat-template`): the
+adapter renders every prompt with a chat template, the model's own by default.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ _MAGIC = b"GGUF"
 _SUPPORTED_VERSIONS = (2, 3)
 
 
-def inspect_gguf(path: Path, *, file: str, size: int, sha256: str) -> GgufInfo:
-    """Validate `path` and return its manifest entry (`file` is its name in the archive)."""
+def inspect_gguf(
+    path: Path, *, file: str, size: int, sha256: str, operator_template: bool = False
+) -> GgufInfo:
+    """Validate `path` and return its manifest entry (`file` is its name in the archive);
+    with `operator_template` (one is packed beside it) the GGUF may lack its own."""
     _check_header(path, file)
     try:
         reader = gguf.GGUFReader(path)
@@ -39,10 +43,11 @@ def inspect_gguf(path: Path, *, file: str, size: int, sha256: str) -> GgufInfo:
     if not isinstance(architecture, str) or not architecture:
         raise BuildError(f"not a usable GGUF: {file} has no general.architecture")
     template = value("tokenizer.chat_template")
-    if not isinstance(template, str) or not template.strip():
+    has_template = isinstance(template, str) and bool(template.strip())
+    if not has_template and not operator_template:
         raise BuildError(
             f"no chat template in {file} (tokenizer.chat_template): the adapter renders "
-            "prompts with the model's own template, so this GGUF cannot be served"
+            "prompts with a chat template, so give one with --chat-template FILE"
         )
     vocab_size = value(f"{architecture}.vocab_size")
     if not isinstance(vocab_size, int):
@@ -61,7 +66,9 @@ def inspect_gguf(path: Path, *, file: str, size: int, sha256: str) -> GgufInfo:
         file_type=_file_type_name(value("general.file_type")),
         context_length=context_length if isinstance(context_length, int) else None,
         vocab_size=vocab_size,
-        chat_template_sha256=hashlib.sha256(template.encode("utf-8")).hexdigest(),
+        chat_template_sha256=hashlib.sha256(template.encode("utf-8")).hexdigest()
+        if has_template
+        else None,
     )
 
 

@@ -194,10 +194,6 @@ def write_tiny_hybrid_gguf(
     """
     import gguf
 
-    vocab = tiny_vocabulary(fuse_answer_letter=fuse_answer_letter)
-    if fuse_answer_letter:
-        chat_template = _FUSING_TEMPLATE
-    n_vocab = len(vocab.tokens)
     n_head, n_head_kv = 2, 1
     head_dim = n_embd // n_head
     n_ff = 2 * n_embd
@@ -207,27 +203,15 @@ def write_tiny_hybrid_gguf(
     key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
     conv_dim = 2 * key_dim + value_dim
     weights, ones = _random_weights(seed), _ones
-    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN35])
-    add_llama_header(
-        writer,
-        LlamaHeader(
-            name="tiny-random-qwen35",
-            file_type=gguf.LlamaFileType.ALL_F32,
-            context_length=context_length,
-            n_embd=n_embd,
-            n_layer=n_layer,
-            n_ff=n_ff,
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            rms_eps=1e-6,
-            tokens=vocab.tokens,
-            token_types=vocab.token_types,
-            merges=vocab.merges,
-            chat_template=chat_template,
-        ),
+    writer, n_vocab = _grouped_query_writer(
+        path,
+        gguf.MODEL_ARCH.QWEN35,
+        chat_template=chat_template,
+        fuse_answer_letter=fuse_answer_letter,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        context_length=context_length,
     )
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
     writer.add_rope_dimension_sections(list(_QWEN35_ROPE_SECTIONS))
     writer.add_full_attention_interval(full_attention_interval)
     writer.add_ssm_conv_kernel(d_conv)
@@ -263,6 +247,114 @@ def write_tiny_hybrid_gguf(
         _add_ffn(writer, weights, prefix, n_embd, n_ff)
     _write(writer)
     return path
+
+
+def write_tiny_swa_gguf(
+    path: Path,
+    *,
+    chat_template: str | None = CHAT_TEMPLATE,
+    fuse_answer_letter: bool = False,
+    seed: int = 0,
+    n_embd: int = 32,
+    n_layer: int = 4,
+    sliding_window: int = 8,
+    context_length: int = 2048,
+) -> Path:
+    """Write a tiny random Gemma 3 (llama.cpp architecture `gemma3`) to `path` and return it;
+    the same arguments give the same bytes.
+
+    Gemma 3 interleaves sliding-window attention (a layer attends to the last
+    `sliding_window` positions only) with full attention: llama.cpp keeps the two kinds in
+    two KV caches (`llama_kv_cache_iswa`), and may reuse a sliding-window layer's cells once
+    every later position has left them behind, which the adapter's prefix reuse must
+    respect. The window is a few tokens here, so short test prompts cross it many times.
+    The layout is the production one in miniature: every second layer is full attention
+    (Gemma 3 has one in six), grouped-query attention with query and key norms, norms after
+    attention and after the feed-forward block, a different RoPE base per kind. Tensor
+    shapes follow llama.cpp's `llama_model_gemma3` loader (src/models/gemma3.cpp in
+    llama-cpp-python 0.3.36); the output head is tied to the embeddings, as in Gemma 3.
+    """
+    import gguf
+
+    n_head, n_head_kv = 2, 1
+    head_dim = n_embd // n_head
+    n_ff = 2 * n_embd
+    weights, ones = _random_weights(seed), _ones
+    writer, n_vocab = _grouped_query_writer(
+        path,
+        gguf.MODEL_ARCH.GEMMA3,
+        chat_template=chat_template,
+        fuse_answer_letter=fuse_answer_letter,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        context_length=context_length,
+    )
+    writer.add_sliding_window(sliding_window)
+    writer.add_sliding_window_pattern(2)  # layers 0, 2, ... slide; 1, 3, ... see everything
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_rope_freq_base_swa(10_000.0)
+
+    writer.add_tensor("token_embd.weight", weights(n_vocab, n_embd))
+    writer.add_tensor("output_norm.weight", ones(n_embd))
+    for layer in range(n_layer):
+        prefix = f"blk.{layer}"
+        writer.add_tensor(f"{prefix}.attn_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{prefix}.attn_q.weight", weights(n_head * head_dim, n_embd))
+        writer.add_tensor(f"{prefix}.attn_k.weight", weights(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"{prefix}.attn_v.weight", weights(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"{prefix}.attn_output.weight", weights(n_embd, n_head * head_dim))
+        writer.add_tensor(f"{prefix}.attn_q_norm.weight", ones(head_dim))
+        writer.add_tensor(f"{prefix}.attn_k_norm.weight", ones(head_dim))
+        writer.add_tensor(f"{prefix}.post_attention_norm.weight", ones(n_embd))
+        writer.add_tensor(f"{prefix}.ffn_norm.weight", ones(n_embd))
+        _add_ffn(writer, weights, prefix, n_embd, n_ff)
+        writer.add_tensor(f"{prefix}.post_ffw_norm.weight", ones(n_embd))
+    _write(writer)
+    return path
+
+
+def _grouped_query_writer(
+    path: Path,
+    arch: Any,
+    *,
+    chat_template: str | None,
+    fuse_answer_letter: bool,
+    n_embd: int,
+    n_layer: int,
+    context_length: int,
+) -> tuple[Any, int]:
+    """A GGUF writer for `arch` (a gguf.MODEL_ARCH) with the tiny vocabulary and template
+    written, and the shape the qwen35 and gemma3 writers share: two query heads over one
+    key/value head (grouped-query attention), a feed-forward twice as wide. Returns it and
+    the vocabulary's size."""
+    import gguf
+
+    vocab = tiny_vocabulary(fuse_answer_letter=fuse_answer_letter)
+    if fuse_answer_letter:
+        chat_template = _FUSING_TEMPLATE
+    name = gguf.MODEL_ARCH_NAMES[arch]
+    writer = gguf.GGUFWriter(str(path), name)
+    add_llama_header(
+        writer,
+        LlamaHeader(
+            name=f"tiny-random-{name}",
+            file_type=gguf.LlamaFileType.ALL_F32,
+            context_length=context_length,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_ff=2 * n_embd,
+            n_head=2,
+            n_head_kv=1,
+            rms_eps=1e-6,
+            tokens=vocab.tokens,
+            token_types=vocab.token_types,
+            merges=vocab.merges,
+            chat_template=chat_template,
+        ),
+    )
+    writer.add_key_length(n_embd // 2)
+    writer.add_value_length(n_embd // 2)
+    return writer, len(vocab.tokens)
 
 
 Weights = Callable[..., np.ndarray]

@@ -54,17 +54,18 @@ class ArtifactStack(Stack):
                 self, "Alarms", key=self.artifacts.key, email=notifications.email
             ).topic
         CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn)
-        calibration = model.build_calibration
-        # The calibration file travels in the build's source, so its bytes are in the
-        # source hash (the build trigger) and model-build reads it by its repository path.
-        include = (*SOURCE_PATHS, *([calibration.path] if calibration else []))
+        # The calibration and chat template files travel in the build's source, so their
+        # bytes are in the source hash (the build trigger) and model-build reads them by
+        # their repository paths.
+        include = (*SOURCE_PATHS, *(file.path for file in model.build_files))
         self.model_build = ModelBuild(
             self,
             "ModelBuild",
             source=RepoSource(self, "ModelBuildSource", root=repo_root, include=include),
             model_uri=model.uri,
             model_sha256=model.sha256,
-            calibration=calibration,
+            calibration=model.build_calibration,
+            chat_template=model.build_chat_template,
             bucket=self.artifacts.bucket,
             key=self.artifacts.key,
             removal_policy=removal_policy,

@@ -12,6 +12,7 @@ fails `cdk synth` with a message naming the field, before any template is writte
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -44,7 +45,7 @@ from cdk_constructs.endpoint_props import (
     StepUnit,
     TrafficShift,
 )
-from cdk_constructs.model_build import ModelCalibration
+from cdk_constructs.model_build import BuildSourceFile, ModelCalibration, ModelChatTemplate
 from cdk_constructs.validation import (
     PropsError,
     looks_like_placeholder,
@@ -53,12 +54,12 @@ from cdk_constructs.validation import (
 )
 from model_build.calibration import CalibrationError, load_calibration
 from model_build.errors import BuildError
-from model_build.manifest import calibration_sha256
+from model_build.manifest import ChatTemplateFileError, calibration_sha256, read_chat_template
 from model_build.sources import SHA256_PATTERN, parse_source
 from stacks.regions import CfnFeature, missing_features
 
-# Calibration files are named relative to the repository: the model build's source is a
-# selection of its paths, so the file travels with the builder's code.
+# Calibration and chat template files are named relative to the repository: the model
+# build's source is a selection of its paths, so the file travels with the builder's code.
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _ACCOUNT = re.compile(r"^\d{12}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$")
@@ -67,9 +68,7 @@ _MODEL_SCHEMES = ("hf://", "pypi://", "s3://")  # what CodeBuild can fetch; no l
 _TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")
 # Segments that neither start with "." (no "..", no hidden files) nor hold a glob character:
 # the path also becomes an include pattern of the model build's source asset.
-_REPO_JSON_PATH = re.compile(
-    r"^(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*\.json$"
-)
+_REPO_PATH = r"^(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*"
 # SageMaker's InvokeEndpoint waits 60 s for the container; a request deadline past 55 s would
 # keep scoring after the caller got its timeout error, and the last 5 s carry the answer back.
 MAX_REALTIME_REQUEST_SECONDS = 55.0
@@ -225,7 +224,7 @@ class EndpointKind(enum.Enum):
 @dataclass(frozen=True, kw_only=True)
 class ModelSource:
     """The pinned GGUF the model build fetches, the sha256 it must hash to, and optionally
-    the calibration file the build records in the manifest.
+    the calibration file the build records in the manifest and the chat template it packs.
 
     `calibration` is a path relative to the repository (e.g. `calibration/prod.json`); it
     must parse as a calibration file and have been fitted for the prompts this adapter
@@ -233,12 +232,21 @@ class ModelSource:
     (`adapter.calibration.check_calibration`), so synth refuses it first, by the same rule.
     `build_calibration` is what the model build gets: the path and the canonical digest that
     names the model object, so a refit is a new object and a new SageMaker model.
+
+    `chat_template` is a path relative to the repository (e.g. `templates/prod.jinja`) of a
+    Jinja chat template the endpoints render prompts with instead of the GGUF's own; it must
+    be non-blank UTF-8 text (model-build's and the adapter's rule,
+    `model_build.manifest.chat_template_text`; whether it renders is checked by the adapter
+    at start). `build_chat_template` carries the sha256 of its bytes, the digest the
+    manifest records, which names the model object: a new template is a new SageMaker model.
     """
 
     uri: str
     sha256: str
     calibration: str | None = None
+    chat_template: str | None = None
     build_calibration: ModelCalibration | None = field(init=False, default=None)
+    build_chat_template: ModelChatTemplate | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         _require(
@@ -259,17 +267,46 @@ class ModelSource:
                 path=self.calibration, sha256=_calibration_digest(self.calibration)
             )
             object.__setattr__(self, "build_calibration", checked)
+        if self.chat_template is not None:
+            template = ModelChatTemplate(
+                path=self.chat_template, sha256=_chat_template_digest(self.chat_template)
+            )
+            object.__setattr__(self, "build_chat_template", template)
+
+    @property
+    def build_files(self) -> tuple[BuildSourceFile, ...]:
+        """The repository files the model build reads: its source must include them."""
+        files = (self.build_calibration, self.build_chat_template)
+        return tuple(file for file in files if file is not None)
+
+
+def _repo_file(name: str, path: str, suffix: str) -> Path:
+    """The file `path` (relative to the repository) that `model.<name>` names, checked to be
+    a plain relative path ending in `suffix` and an existing file."""
+    _require(
+        re.fullmatch(_REPO_PATH + re.escape(suffix), path) is not None,
+        f"model.{name}: {path!r} must be a relative {suffix} path inside the repository "
+        "(letters, digits, '._-' and '/', no segment starting with '.')",
+    )
+    file = REPO_ROOT / path
+    _require(file.is_file(), f"model.{name}: {path} is not a file in {REPO_ROOT}")
+    return file
+
+
+def _chat_template_digest(path: str) -> str:
+    """Check the chat template file `path` (relative to the repository) by model-build's
+    rule; return the sha256 of its bytes, as the manifest's `chat_template.sha256`."""
+    file = _repo_file("chat_template", path, ".jinja")
+    try:
+        data, _ = read_chat_template(file)
+    except ChatTemplateFileError as error:
+        raise ConfigError(f"model.chat_template: {path} {error}") from None
+    return hashlib.sha256(data).hexdigest()
 
 
 def _calibration_digest(path: str) -> str:
     """Check the calibration file `path` (relative to the repository); return its digest."""
-    _require(
-        bool(_REPO_JSON_PATH.fullmatch(path)),
-        f"model.calibration: {path!r} must be a relative .json path inside the repository "
-        "(letters, digits, '._-' and '/', no segment starting with '.')",
-    )
-    file = REPO_ROOT / path
-    _require(file.is_file(), f"model.calibration: {path} is not a file in {REPO_ROOT}")
+    file = _repo_file("calibration", path, ".json")
     try:
         calibration = load_calibration(file)
     except CalibrationError as error:

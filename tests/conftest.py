@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from adapter.settings import Settings
 from model_build.embedded import fetch_embedded_model
-from model_build.tiny_gguf import write_tiny_gguf, write_tiny_hybrid_gguf
+from model_build.tiny_gguf import write_tiny_gguf, write_tiny_hybrid_gguf, write_tiny_swa_gguf
 from tests.support.serving import MODEL_CACHE, serving
 
 
@@ -30,11 +30,20 @@ def tiny_hybrid_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_hybrid_gguf(tmp_path_factory.mktemp("hybrid") / "tiny-qwen35.gguf")
 
 
-@pytest.fixture(params=["llama", "qwen35"])
-def tiny_any_gguf(request: pytest.FixtureRequest, tiny_gguf: Path, tiny_hybrid_gguf: Path) -> Path:
-    """Both memory kinds: attention only (prefixes cut and copied) and hybrid (whole streams,
-    checkpoints); tests that take it run on each."""
-    return tiny_gguf if request.param == "llama" else tiny_hybrid_gguf
+@pytest.fixture(scope="session")
+def tiny_swa_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Sliding-window memory in miniature: Gemma 3 (`gemma3`) with a window of 8 tokens on
+    every second layer, with the same tokenizer and chat template as `tiny_gguf`."""
+    return write_tiny_swa_gguf(tmp_path_factory.mktemp("swa") / "tiny-gemma3.gguf")
+
+
+@pytest.fixture(params=["llama", "qwen35", "gemma3"])
+def tiny_any_gguf(
+    request: pytest.FixtureRequest, tiny_gguf: Path, tiny_hybrid_gguf: Path, tiny_swa_gguf: Path
+) -> Path:
+    """Every memory kind: plain attention (prefixes cut and copied), sliding-window
+    attention and hybrid (whole streams, checkpoints); tests that take it run on each."""
+    return {"llama": tiny_gguf, "qwen35": tiny_hybrid_gguf, "gemma3": tiny_swa_gguf}[request.param]
 
 
 @pytest.fixture

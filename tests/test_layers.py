@@ -48,13 +48,19 @@ PURE_ADAPTER_MODULES = {
     "weight_buffers",
     "kv_memory",
     "likelihood",
+    "template_text",
 }
 # the edges between pure modules beyond adapter.errors: the weight-buffer and KV-memory
 # policies' and the readouts' types are shared with the settings that name them (and the
 # backend query that feeds the first; the likelihood readout shares the letters' arithmetic)
 PURE_EDGES = {
     "backends": {"adapter.weight_buffers"},
-    "settings": {"adapter.weight_buffers", "adapter.kv_memory", "adapter.likelihood"},
+    "settings": {
+        "adapter.weight_buffers",
+        "adapter.kv_memory",
+        "adapter.likelihood",
+        "adapter.template_text",
+    },
     "likelihood": {"adapter.readout"},
 }
 # The serving core (adapter/core, see its __init__) is reached from the service, which

@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +49,12 @@ from adapter.core.failures import (
 )
 from adapter.core.generation import GenerationRun, Sampling
 from adapter.core.layout import UBATCH_ROWS, Copy, PassPlan, Row, StreamCache
-from adapter.core.native import load_weights, measure_stream_cost, require_kv_stream_binding
+from adapter.core.native import (
+    load_weights,
+    measure_stream_cost,
+    pin_matmul_kernels,
+    require_kv_stream_binding,
+)
 from adapter.core.vocab import Vocabulary
 from adapter.kv_memory import KvBudget, plan_cache
 from adapter.weight_buffers import CpuBackend, WeightBuffers
@@ -141,6 +146,9 @@ class LlamaEngine:
             raise ModelLoadError(f"a KV stream needs at least one cell, not {stream_cells}")
         stream_cells = KV_PAD_CELLS * -(-stream_cells // KV_PAD_CELLS)
         llama_cpp._logger.set_verbose(False)  # native INFO chatter off; errors still print
+        # Process-wide and read once, at the first product: pinned by every engine (the fast
+        # path too), so the exact one never depends on which engine came first.
+        pin_matmul_kernels()
         llama_cpp.llama_backend_init()
         self._cancel = cancel or threading.Event()
         loaded = load_weights(
@@ -148,6 +156,7 @@ class LlamaEngine:
             n_gpu_layers=n_gpu_layers,
             weight_buffers=weight_buffers,
             cpu=cpu,
+            exact=exact,
             cancel=self._cancel,
         )
         self._model: llama_cpp.llama_model_p | None = loaded.model
@@ -172,6 +181,10 @@ class LlamaEngine:
         self.max_branches = max(1, min(max_branches, streams - 1))
         context_params.n_seq_max = streams
         context_params.kv_unified = False  # a stream per sequence: a row attends to its own
+        # Sliding-window layers keep every cell of a stream, as the others do: a smaller
+        # cache reuses the cells a window has left behind, and a shorter prefix taken from
+        # that stream would attend to a window with holes (see `_forget_truncated`).
+        context_params.swa_full = True
         # Flash attention's CPU kernel picks its summation path by row count: off when exact.
         context_params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -198,7 +211,12 @@ class LlamaEngine:
             llama_cpp.llama_model_is_recurrent(self._model)
             or llama_cpp.llama_model_is_hybrid(self._model)
         )
+        # Sliding-window attention (Gemma 2 and 3: llama.cpp's llama_kv_cache_iswa) sees only
+        # the last `sliding_window` positions in some layers; with every cell kept, a prefix
+        # is cut and copied as on plain attention.
+        self.sliding_window = int(llama_cpp.llama_model_n_swa(self._model))
         self.cache = StreamCache(streams, stream_cells, exact=exact, whole_only=self.recurrent)
+        self.truncated = 0  # streams forgotten because llama.cpp dropped their first cells
         self.pass_rows = PASS_ROWS
         self.resets = 0  # times every stream was emptied (a generation re-reads after one)
 
@@ -210,11 +228,21 @@ class LlamaEngine:
             "max_branches": self.max_branches,
             "threads": self.threads,
             "prefix_reuse": self.prefix_reuse,
-            "exact_scoring": self.exact,
+            "exact_scoring": self.exact and self.weights.choice.exact,
+            "memory_kind": self.memory_kind,
+            "sliding_window": self.sliding_window,
             "recurrent_memory": self.recurrent,
             "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
             "weight_buffers": self.weights.summary(),
         }
+
+    @property
+    def memory_kind(self) -> str:
+        """What reuse the model's memory allows (docs/adapter.md, "Memory kinds"): `plain`
+        and `sliding_window` cut and copy any prefix, `whole_stream` takes streams whole."""
+        if self.recurrent:
+            return "whole_stream"
+        return "sliding_window" if self.sliding_window > 0 else "plain"
 
     # -- scoring -------------------------------------------------------------------------
 
@@ -272,6 +300,7 @@ class LlamaEngine:
             LOG.warning("%s; scoring the pass again from an empty cache", error)
             plan, outputs, read = self._plan_and_run(unique, wanted, reads)
         self.cache.commit(plan)
+        self._forget_truncated(seq for seq, _ in plan.resident)
         by_prompt = {}
         for (prompt, tokens), prompt_plan in zip(unique, plan.prompts, strict=True):
             scored_rows = prompt_plan.scored_rows
@@ -393,6 +422,20 @@ class LlamaEngine:
                 f"llama.cpp refused to cut stream {seq} back to {keep} tokens (this model's "
                 f"memory keeps {'only whole streams' if self.recurrent else 'every prefix'})"
             )
+
+    def _forget_truncated(self, streams: Iterable[int]) -> None:
+        """Forget a stream whose first cells llama.cpp has dropped. A sliding-window cache
+        may reuse a cell every later position has left behind, and then drops the positions
+        before it; a prefix taken from that stream would attend to a window with holes. With
+        every cell kept (`swa_full`) it never happens: this is the check that it did not."""
+        if not self.sliding_window:
+            return
+        for seq in streams:
+            if llama_cpp.llama_memory_seq_pos_min(self._memory, seq) > 0:
+                LOG.warning("KV stream %d lost its first cells; it is not reused", seq)
+                self._remove(seq, 0)
+                self.cache.forget(seq)
+                self.truncated += 1
 
     def decode_tokens(self, seq: int, tokens: Sequence[int], start: int) -> None:
         """Decode tokens[start:] into `seq`, a micro-batch at a time (logits for the last)."""

@@ -365,6 +365,10 @@ class StreamCache:
 
     def release(self, seq: int) -> None:
         self.reserved.discard(seq)
+        self.forget(seq)
+
+    def forget(self, seq: int) -> None:
+        """The stream holds nothing a later prompt may take."""
         self.held[seq] = np.empty(0, np.int64)
 
     def longest_match(self, tokens: Sequence[int]) -> tuple[int | None, int]:

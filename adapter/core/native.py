@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import mmap
+import os
 import re
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import llama_cpp
 import llama_cpp._logger
+from gguf import GGMLQuantizationType
 
 from adapter.core.failures import CancelledWorkError, ModelLoadError
 from adapter.kv_memory import StreamCost
@@ -40,6 +44,78 @@ _MEMORY_LINE = re.compile(
 )
 _PROBE_STREAMS = 2
 _PROBE_CELLS = 1024  # enough cells that the MiB the log prints (two decimals) are exact
+
+
+# ggml's CPU backend multiplies K-quant weights (Q2_K..Q6_K, IQ*) with tiled kernels from 8
+# rows of a micro-batch on and with per-row dot products below: the two round differently
+# (0.12 on a tiny Q6_K llama when a prompt's last 2..7 rows were decoded apart from the rest).
+# Forced, the tiled kernels take every micro-batch; ggml reads this once, at the first
+# product. A build without them ignores it.
+_TILED_KERNELS_EVERYWHERE = ("GGML_CPU_TILED_MM_FORCE", "1")
+
+
+def pin_matmul_kernels() -> None:
+    """One kernel per weight type whatever a micro-batch's row count (the exact path needs
+    a row's logits not to depend on how many rows rode with it). An operator's own value of
+    the variable wins; `GGML_CPU_TILED_MM=0` turns the tiled kernels off altogether, which
+    is exact too and slower (590 against 746 tokens/s prefill on gemma-3-270m Q4_K_M)."""
+    name, value = _TILED_KERNELS_EVERYWHERE
+    os.environ.setdefault(name, value)
+
+
+def weight_types(path: Path) -> frozenset[str]:
+    """The tensor types a GGUF stores its weights in, for the weight-buffer policy: read
+    from the header's tensor table, skipping the metadata (a 262k-token vocabulary takes
+    gguf's reader 9 s to decode; stepping over it takes a fraction of one)."""
+    try:
+        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return frozenset(_tensor_types(data))
+    except (OSError, ValueError, struct.error) as error:
+        raise ModelLoadError(f"cannot read the tensor types of {path}: {error}") from None
+
+
+# GGUF metadata value types (gguf's GGUFValueType): fixed sizes, 8 string, 9 array.
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _tensor_types(data: mmap.mmap) -> list[str]:
+    """Walk a GGUF header (magic, version, counts, key/values, then one entry per tensor:
+    name, dimensions, type, offset) and return each tensor's type name."""
+    if data[:4] != b"GGUF":
+        raise ValueError("not a GGUF file")
+    tensors, kvs = struct.unpack_from("<QQ", data, 8)
+    at = 24
+
+    def skip_string(at: int) -> int:
+        (length,) = struct.unpack_from("<Q", data, at)
+        return at + 8 + int(length)
+
+    def skip_value(kind: int, at: int) -> int:
+        if kind == _GGUF_STRING:
+            return skip_string(at)
+        if kind == _GGUF_ARRAY:
+            item, count = struct.unpack_from("<IQ", data, at)
+            at += 12
+            if item in _GGUF_SIZES:
+                return at + int(count) * _GGUF_SIZES[item]
+            for _ in range(count):
+                at = skip_value(item, at)
+            return at
+        return at + _GGUF_SIZES[kind]
+
+    for _ in range(kvs):
+        at = skip_string(at)
+        (kind,) = struct.unpack_from("<I", data, at)
+        at = skip_value(kind, at + 4)
+    found = []
+    for _ in range(tensors):
+        at = skip_string(at)
+        (dims,) = struct.unpack_from("<I", data, at)
+        (kind,) = struct.unpack_from("<I", data, at + 4 + 8 * dims)
+        found.append(GGMLQuantizationType(kind).name)
+        at += 4 + 8 * dims + 4 + 8
+    return found
 
 
 def require_kv_stream_binding() -> None:
@@ -129,6 +205,7 @@ def measure_stream_cost(model: llama_cpp.llama_model_p) -> StreamCost:
     params.n_seq_max = _PROBE_STREAMS
     params.n_ctx = _PROBE_STREAMS * _PROBE_CELLS
     params.kv_unified = False
+    params.swa_full = True  # as the engine's: a sliding-window layer keeps every cell
     params.n_batch = params.n_ubatch = _PROBE_STREAMS  # at least one output per stream
     with capture_log(_MEMORY_LINE) as lines:
         context = llama_cpp.llama_init_from_model(model, params)
@@ -174,6 +251,7 @@ class WeightPlacement:
             "host_amx": self.cpu.host_amx,
             "offered": list(self.choice.offered),
             "refused": list(self.choice.refused),
+            "exact_kernels": self.choice.exact,
             "weights_in": sorted(self.landed),
         }
 
@@ -192,15 +270,17 @@ def load_weights(
     n_gpu_layers: int,
     weight_buffers: WeightBuffers,
     cpu: CpuBackend,
+    exact: bool,
     cancel: threading.Event,
 ) -> LoadedWeights:
-    """Read the GGUF into memory in the buffer types the policy allows; `cancel` (set at
+    """Read the GGUF into memory in the buffer types the policy allows (on the `exact`
+    path, none whose kernels round by a row's place in its micro-batch); `cancel` (set at
     shutdown) aborts the load. Weights that landed where the policy refused are freed and
     refused."""
     model_params = llama_cpp.llama_model_default_params()
     model_params.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
     read_weights_into_memory(model_params)
-    choice = choose_buffers(weight_buffers, cpu)
+    choice = choose_buffers(weight_buffers, cpu, weight_types=weight_types(gguf), exact=exact)
     restrict_weight_buffers(model_params, choice)
     # Returning False aborts the load; referenced until the load returns.
     progress = llama_cpp.llama_progress_callback(lambda progress, data: not cancel.is_set())

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from adapter.core.failures import ModelLoadError
-
 # Tokens llama.cpp's special-token parsing splits out of text; with parse_special off it
 # still splits USER_DEFINED ones, so only CONTROL and UNKNOWN can be forged.
 _SPECIAL_ATTRS = (
@@ -59,15 +57,10 @@ class Vocabulary:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.special_tokens = self._special_tokens()
 
-    def chat_template_source(self) -> str:
-        """The GGUF's chat template; decision prompts are rendered with it, so it is required."""
+    def chat_template_source(self) -> str | None:
+        """The GGUF's chat template (tokenizer.chat_template), None when it carries none."""
         raw = llama_cpp.llama_model_chat_template(self._model, None)
-        if not raw:
-            raise ModelLoadError(
-                "the model has no chat template (tokenizer.chat_template); the decision "
-                "prompt is rendered with the model's own template, so one is required"
-            )
-        return bytes(raw).decode("utf-8")
+        return bytes(raw).decode("utf-8") if raw else None
 
     def special_texts(self) -> tuple[str, str]:
         """The BOS and EOS tokens as text, for templates that spell them out."""

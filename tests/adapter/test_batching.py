@@ -26,7 +26,7 @@ from adapter.schema import Decision, Option
 from adapter.service import DecisionService
 from adapter.settings import QueueLimits
 from tests.support.fake_engine import FakeEngine
-from tests.support.models import open_test_model
+from tests.support.models import open_engine, open_test_model
 
 
 def _service(model: LoadedModel, **limits: int) -> DecisionService:
@@ -57,23 +57,23 @@ def _prompts(rng: random.Random, vocab: int, seen: list[list[int]]) -> list[list
 
 def _histories_match_alone(gguf: Path, trials: int, tolerance: float) -> None:
     rng = random.Random(1182)
-    shared = open_test_model(gguf)
-    fresh = open_test_model(gguf)
+    shared = open_engine(gguf)
+    fresh = open_engine(gguf)
     seen: list[list[int]] = []
     reused = 0
     try:
-        vocab = min(shared.engine.vocab.n_vocab, 200)
+        vocab = min(shared.vocab.n_vocab, 200)
         for _ in range(trials):
             prompts = _prompts(rng, vocab, seen)
             extra = [rng.sample(range(3, vocab), rng.choice([0, 0, 2])) for _ in prompts]
             # Where a whole-stream model may keep checkpoints (ignored by the others).
             cuts = [sorted(rng.sample(range(len(p) + 1), min(2, len(p) + 1))) for p in prompts]
-            scores, _ = shared.engine.score(prompts, extra, boundaries=cuts)
+            scores, _ = shared.score(prompts, extra, boundaries=cuts)
             reused += sum(score.reused_tokens for score in scores)
             seen.extend(prompts)
             for prompt, tokens, score in zip(prompts, extra, scores, strict=True):
-                fresh.engine.reset()
-                (alone,), _ = fresh.engine.score([prompt], [tokens])
+                fresh.reset()
+                (alone,), _ = fresh.score([prompt], [tokens])
                 difference = float(np.abs(score.logits - alone.logits).max())
                 for token in tokens:
                     after = score.next_logits[token] - alone.next_logits[token]
@@ -81,8 +81,8 @@ def _histories_match_alone(gguf: Path, trials: int, tolerance: float) -> None:
                 assert difference <= tolerance, (prompt, difference)
         assert reused > 0  # the histories were reused, not only decoded afresh
     finally:
-        shared.engine.close()
-        fresh.engine.close()
+        shared.close()
+        fresh.close()
 
 
 def test_random_histories_and_batches_match_alone(tiny_any_gguf: Path) -> None:

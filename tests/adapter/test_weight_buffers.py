@@ -47,9 +47,11 @@ from tests.support.cpus import (
     SAPPHIRE_RAPIDS_WITHOUT_AMX,
     write_ggml_library,
 )
+from tests.support.quantized import quantize
 
 REPO = Path(__file__).resolve().parents[2]
 NO_BACKEND = CpuBackend(library="none", features={}, extra_buffer_types=(), host_amx=False)
+NO_BACKEND_WITH_REPACK = dataclasses.replace(NO_BACKEND, extra_buffer_types=("CPU_REPACK",))
 
 
 @pytest.mark.parametrize(
@@ -132,6 +134,7 @@ def test_the_engine_passes_the_choice_to_llama_cpp(
             "host_amx": cpu.host_amx,
             "offered": list(cpu.extra_buffer_types),
             "refused": [] if passed else list(cpu.extra_buffer_types),
+            "exact_kernels": True,  # f32 weights: no repacked products
             "weights_in": ["CPU"],  # read from llama.cpp's load log (f32: nothing repacks)
         }
     finally:
@@ -229,12 +232,7 @@ def q4_0_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from model_build.tiny_gguf import write_tiny_gguf
 
     folder = tmp_path_factory.mktemp("q4_0")
-    source = write_tiny_gguf(folder / "f32.gguf", n_embd=64)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
-    target = folder / "q4_0.gguf"
-    assert llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) == 0
-    return target
+    return quantize(write_tiny_gguf(folder / "f32.gguf", n_embd=64), folder / "q4_0.gguf", "Q4_0")
 
 
 def test_the_choice_decides_where_real_weights_land(q4_0_gguf: Path) -> None:
@@ -256,6 +254,35 @@ def test_the_choice_decides_where_real_weights_land(q4_0_gguf: Path) -> None:
     assert landed["plain"] == {"CPU"}
     # The same weights in another layout: the scores agree closely (not bitwise).
     assert first_logit["all"] == pytest.approx(first_logit["plain"], rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("setting", "cpu", "types", "exact", "use_extra", "exact_kernels"),
+    [
+        # A Q4_K_M GGUF on the exact path: the repacked Q4_K products are not exact.
+        ("auto", ICE_LAKE, {"F32", "Q4_K", "Q6_K"}, True, False, True),
+        ("auto", ICE_LAKE, {"F32", "Q4_K", "Q6_K"}, False, True, True),  # not asked
+        ("all", ICE_LAKE, {"F32", "Q4_K", "Q6_K"}, True, True, False),  # asked: said so
+        # Q4_0 is repacked exactly; x86 does not repack Q6_K (an output head).
+        ("auto", ICE_LAKE, {"F32", "Q4_0", "Q6_K"}, True, True, True),
+        # Elsewhere (no x86 flags: NEON builds repack Q6_K too) only Q4_0 is known exact.
+        ("auto", NO_BACKEND_WITH_REPACK, {"F32", "Q4_0", "Q6_K"}, True, False, True),
+        ("auto", NO_BACKEND_WITH_REPACK, {"F32", "Q4_0"}, True, True, True),
+        ("plain", ICE_LAKE, {"F32", "Q4_K"}, True, False, True),
+    ],
+)
+def test_the_exact_path_keeps_the_repack_only_where_it_is_exact(
+    setting: WeightBuffers,
+    cpu: CpuBackend,
+    types: set[str],
+    exact: bool,
+    use_extra: bool,
+    exact_kernels: bool,
+) -> None:
+    choice = choose_buffers(setting, cpu, weight_types=frozenset(types), exact=exact)
+    assert (choice.use_extra, choice.exact) == (use_extra, exact_kernels)
+    if setting == "auto" and not use_extra:
+        assert "Q4_K" in choice.reason or "Q6_K" in choice.reason
 
 
 def test_the_report_names_the_library_the_cpu_backend_was_loaded_from() -> None:

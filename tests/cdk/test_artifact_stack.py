@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from cdk_constructs.model_build import (
     ARCHIVE_SHA256,
     ARCHIVE_URI,
     CALIBRATION_FILE,
+    CHAT_TEMPLATE_FILE,
     GGUF_SHA256,
     model_object_key,
 )
@@ -22,6 +24,7 @@ from stacks.environments import ENVIRONMENTS
 from tests.support.templates import (
     CALIBRATIONS,
     VALID_CALIBRATION,
+    VALID_CHAT_TEMPLATE,
     Synth,
     as_list,
     logical_id,
@@ -29,6 +32,8 @@ from tests.support.templates import (
     statements,
     synthesize_environment,
 )
+
+# A chat template for the tests, named relative to the repository like an environment's.
 
 
 def _artifact_bucket(template: Template) -> str:
@@ -162,6 +167,26 @@ def test_model_build_project_runs_the_model_buildspec_with_the_pinned_model(
     template.has_output("ModelS3Uri", {"Value": {"Fn::GetAtt": [build_id, ARCHIVE_URI]}})
 
 
+@pytest.mark.parametrize("env", sorted(ENVIRONMENTS))
+def test_model_build_without_files_gets_no_file_variables(synth: Synth, env: str) -> None:
+    """No shipped environment names a calibration or a chat template: model-build gets
+    neither variable, and the key is the plain one checked above."""
+    assert ENVIRONMENTS[env].model.build_files == ()
+    for variable in (CALIBRATION_FILE, CHAT_TEMPLATE_FILE):
+        synth.template(env, "artifact").has_resource_properties(
+            "AWS::CodeBuild::Project",
+            {
+                "Environment": Match.object_like(
+                    {
+                        "EnvironmentVariables": Match.not_(
+                            Match.array_with([Match.object_like({"Name": variable})])
+                        )
+                    }
+                )
+            },
+        )
+
+
 def test_model_build_role_writes_only_its_object(synth: Synth) -> None:
     template = synth.template("dev", "artifact")
     bucket_arn = {"Fn::GetAtt": [_artifact_bucket(template), "Arn"]}
@@ -267,8 +292,142 @@ def test_a_calibrated_model_build_packs_the_file_into_its_own_object(tmp_path: P
     )
 
 
-def test_a_new_calibration_is_a_new_build(tmp_path: Path) -> None:
-    """The build trigger hashes the source asset, which holds the calibration file."""
+def _model_data_url(key: str) -> dict[str, object]:
+    return {
+        "PrimaryContainer": Match.object_like(
+            {"ModelDataUrl": {"Fn::Join": ["", ["s3://", Match.any_value(), f"/{key}"]]}}
+        )
+    }
+
+
+def test_a_chat_template_model_build_packs_the_file_into_its_own_object(tmp_path: Path) -> None:
+    templated = replace(ENVIRONMENTS["dev"].model, chat_template=VALID_CHAT_TEMPLATE)
+    template_file = templated.build_chat_template
+    assert template_file is not None
+    config = replace(ENVIRONMENTS["dev"], model=templated)
+    assembly = synthesize_environment(config, tmp_path)
+    template = Template.from_json(assembly.get_stack_by_name("semif-dev-artifact").template)
+    bucket_id = _artifact_bucket(template)
+    key = model_object_key(templated.sha256, chat_template=template_file)
+    assert key == f"models/{templated.sha256}/chat-template-{template_file.sha256}/model.tar.gz"
+    dest = Capture()
+    template.has_resource_properties(
+        "AWS::CodeBuild::Project",
+        {
+            "Environment": Match.object_like(
+                {
+                    "EnvironmentVariables": Match.array_with(
+                        [
+                            # model-build reads the template by its path in the source
+                            Match.object_like(
+                                {"Name": CHAT_TEMPLATE_FILE, "Value": VALID_CHAT_TEMPLATE}
+                            ),
+                            Match.object_like({"Name": "MODEL_DEST_URI", "Value": dest}),
+                        ]
+                    )
+                }
+            )
+        },
+    )
+    assert dest.as_object() == {"Fn::Join": ["", ["s3://", {"Ref": bucket_id}, f"/{key}"]]}
+    template.has_resource_properties(
+        "AWS::CodeBuild::Project",
+        {
+            "Environment": Match.object_like(
+                {
+                    "EnvironmentVariables": Match.not_(
+                        Match.array_with([Match.object_like({"Name": CALIBRATION_FILE})])
+                    )
+                }
+            )
+        },
+    )
+    # The build role writes exactly the new object.
+    bucket_arn = {"Fn::GetAtt": [bucket_id, "Arn"]}
+    template.has_resource_properties(
+        "AWS::IAM::Policy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Action": Match.array_with(["s3:PutObject"]),
+                                "Resource": object_arn(bucket_arn, key),
+                            }
+                        )
+                    ]
+                )
+            }
+        },
+    )
+    # The file travels in the build's source asset, beside model_build/ and nothing else.
+    assets = json.loads((tmp_path / "semif-dev-artifact.assets.json").read_text())["files"]
+    (source,) = (
+        tmp_path / asset["source"]["path"]
+        for asset in assets.values()
+        if asset["displayName"] == "ModelBuildSource/Asset"
+    )
+    packed = (source / VALID_CHAT_TEMPLATE).read_bytes()
+    assert packed == (REPO_ROOT / VALID_CHAT_TEMPLATE).read_bytes()
+    assert sorted(p.name for p in source.iterdir()) == ["model_build", "tests"]
+    assert [p.name for p in (source / VALID_CHAT_TEMPLATE).parent.iterdir()] == ["valid.jinja"]
+    # Both endpoints serve exactly the new object: a new SageMaker model each (blue/green).
+    for unit in ("decision", "standard"):
+        endpoint = Template.from_json(assembly.get_stack_by_name(f"semif-dev-{unit}").template)
+        endpoint.has_resource_properties("AWS::SageMaker::Model", _model_data_url(key))
+
+
+def test_a_calibration_and_a_chat_template_name_one_object(tmp_path: Path) -> None:
+    model = replace(
+        ENVIRONMENTS["dev"].model,
+        calibration=VALID_CALIBRATION,
+        chat_template=VALID_CHAT_TEMPLATE,
+    )
+    assert model.build_calibration is not None
+    assert model.build_chat_template is not None
+    key = model_object_key(model.sha256, model.build_calibration, model.build_chat_template)
+    assert key == (
+        f"models/{model.sha256}/calibration-{model.build_calibration.sha256}"
+        f"/chat-template-{model.build_chat_template.sha256}/model.tar.gz"
+    )
+    assembly = synthesize_environment(replace(ENVIRONMENTS["dev"], model=model), tmp_path)
+    artifact = Template.from_json(assembly.get_stack_by_name("semif-dev-artifact").template)
+    artifact.has_resource_properties(
+        "AWS::CodeBuild::Project",
+        {
+            "Environment": Match.object_like(
+                {
+                    "EnvironmentVariables": Match.array_with(
+                        [
+                            Match.object_like(
+                                {"Name": CALIBRATION_FILE, "Value": VALID_CALIBRATION}
+                            ),
+                            Match.object_like(
+                                {"Name": CHAT_TEMPLATE_FILE, "Value": VALID_CHAT_TEMPLATE}
+                            ),
+                        ]
+                    )
+                }
+            )
+        },
+    )
+    decision = Template.from_json(assembly.get_stack_by_name("semif-dev-decision").template)
+    decision.has_resource_properties("AWS::SageMaker::Model", _model_data_url(key))
+
+
+@pytest.mark.parametrize(
+    "add_file",
+    [
+        lambda model: replace(model, calibration=VALID_CALIBRATION),
+        lambda model: replace(model, chat_template=VALID_CHAT_TEMPLATE),
+    ],
+    ids=["calibration", "chat_template"],
+)
+def test_a_new_calibration_or_chat_template_is_a_new_build(
+    tmp_path: Path, add_file: Callable[[ModelSource], ModelSource]
+) -> None:
+    """The build trigger hashes the source asset, which holds the file."""
 
     def trigger(model: ModelSource, outdir: Path) -> str:
         assembly = synthesize_environment(replace(ENVIRONMENTS["dev"], model=model), outdir)
@@ -277,5 +436,5 @@ def test_a_new_calibration_is_a_new_build(tmp_path: Path) -> None:
         return str(build["Properties"]["Trigger"])
 
     plain = ENVIRONMENTS["dev"].model
-    calibrated = replace(plain, calibration=VALID_CALIBRATION)
-    assert trigger(plain, tmp_path / "plain") != trigger(calibrated, tmp_path / "calibrated")
+    changed = add_file(plain)
+    assert trigger(plain, tmp_path / "plain") != trigger(changed, tmp_path / "changed")

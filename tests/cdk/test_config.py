@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +22,13 @@ from cdk_constructs.endpoint_props import (
     TrafficShift,
 )
 from cdk_constructs.validation import PropsError
+from model_build.build import BuildRequest
 from model_build.calibration import load_calibration
+from model_build.fetch import HttpSettings, RetryPolicy
 from model_build.manifest import calibration_sha256
+from model_build.publish import parse_destination
+from model_build.sources import parse_source
+from stacks import config
 from stacks.config import (
     CANARY_ONE_INSTANCE,
     REPO_ROOT,
@@ -33,7 +40,7 @@ from stacks.config import (
     StandardEndpointSettings,
 )
 from stacks.environments import ENVIRONMENTS, SMOLLM2_135M
-from tests.support.templates import CALIBRATIONS, VALID_CALIBRATION
+from tests.support.templates import CALIBRATIONS, VALID_CALIBRATION, VALID_CHAT_TEMPLATE
 
 SCALING = Autoscaling(min_capacity=1, max_capacity=2)
 CPU = CpuPlacement(instance_type="ml.c6i.2xlarge")
@@ -429,6 +436,98 @@ def test_model_source_takes_a_calibration_file_by_repository_path() -> None:
 def test_a_bad_or_stale_calibration_file_is_refused(path: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{message}"):
         dataclasses.replace(SMOLLM2_135M, calibration=path)
+
+
+def test_model_source_takes_a_chat_template_by_repository_path(tmp_path: Path) -> None:
+    source = dataclasses.replace(SMOLLM2_135M, chat_template=VALID_CHAT_TEMPLATE)
+    assert source.build_chat_template is not None
+    assert source.build_chat_template.path == VALID_CHAT_TEMPLATE
+    # The digest is the one model-build records as the manifest's chat_template.sha256.
+    request = BuildRequest(
+        source=parse_source(SMOLLM2_135M.uri),
+        sha256=SMOLLM2_135M.sha256,
+        dest=parse_destination(str(tmp_path / "model.tar.gz")),
+        work_dir=tmp_path,
+        built_at=datetime(2026, 1, 1, tzinfo=UTC),
+        http=HttpSettings(base_url="https://huggingface.co"),
+        retry=RetryPolicy(),
+        chat_template=(REPO_ROOT / VALID_CHAT_TEMPLATE).read_bytes(),
+    )
+    assert request.chat_template_file is not None
+    assert source.build_chat_template.sha256 == request.chat_template_file.sha256
+    assert source.build_calibration is None
+    assert source.build_files == (source.build_chat_template,)
+    assert SMOLLM2_135M.build_chat_template is None
+    assert SMOLLM2_135M.build_files == ()
+    both = dataclasses.replace(source, calibration=VALID_CALIBRATION)
+    assert both.build_files == (both.build_calibration, both.build_chat_template)
+
+
+def test_a_chat_template_is_named_by_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unlike a calibration's canonical JSON, any byte of a template changes what the
+    adapter renders, so any changed byte is a new digest (a new model object)."""
+    monkeypatch.setattr(config, "REPO_ROOT", tmp_path)
+    template = tmp_path / "templates" / "prod.jinja"
+    template.parent.mkdir()
+    digests = set()
+    for text in ("{{ messages[0]['content'] }}", "{{ messages[0]['content'] }}\n"):
+        template.write_text(text, encoding="utf-8")
+        source = dataclasses.replace(SMOLLM2_135M, chat_template="templates/prod.jinja")
+        assert source.build_chat_template is not None
+        digests.add(source.build_chat_template.sha256)
+    assert len(digests) == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        (
+            "tests/cdk/chat_template/missing.jinja",
+            "model.chat_template: tests/cdk/chat_template/missing.jinja is not a file in",
+        ),
+        (
+            "/etc/template.jinja",
+            "model.chat_template: '/etc/template.jinja' must be a relative .jinja path",
+        ),
+        ("../outside/t.jinja", "model.chat_template: '../outside/t.jinja' must be a relative"),
+        ("tests/cdk/chat_template/../x.jinja", "model.chat_template: .* must be a relative .jinja"),
+        ("templates/*.jinja", "model.chat_template: 'templates/\\*.jinja' must be"),
+        ("pyproject.toml", "model.chat_template: 'pyproject.toml' must be a relative .jinja"),
+        ("", "model.chat_template: '' must be a relative .jinja path"),
+    ],
+)
+def test_a_bad_chat_template_path_is_refused(path: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        dataclasses.replace(SMOLLM2_135M, chat_template=path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff{{ messages }}", "is not UTF-8 text \\(invalid start byte at byte 0\\)"),
+        (b"", "is empty"),
+        (b" \n\t\n", "is empty"),  # blank
+    ],
+)
+def test_a_chat_template_that_is_not_text_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, message: str
+) -> None:
+    """model-build's own rule (`chat_template_text`), so synth fails where the build would."""
+    monkeypatch.setattr(config, "REPO_ROOT", tmp_path)
+    (tmp_path / "bad.jinja").write_bytes(content)
+    with pytest.raises(ConfigError, match=f"^model.chat_template: bad.jinja {message}$"):
+        dataclasses.replace(SMOLLM2_135M, chat_template="bad.jinja")
+
+
+def test_a_chat_template_directory_is_not_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "REPO_ROOT", tmp_path)
+    (tmp_path / "templates.jinja").mkdir()
+    with pytest.raises(ConfigError, match=r"^model\.chat_template: templates\.jinja is not a file"):
+        dataclasses.replace(SMOLLM2_135M, chat_template="templates.jinja")
 
 
 def test_prefix_aware_routing_needs_two_instances_and_follows_the_batch() -> None:

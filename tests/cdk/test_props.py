@@ -15,7 +15,7 @@ from cdk_constructs.endpoint_props import (
     NetworkSettings,
 )
 from cdk_constructs.model_artifact import ModelArtifact
-from cdk_constructs.model_build import ModelCalibration, model_object_key
+from cdk_constructs.model_build import ModelCalibration, ModelChatTemplate, model_object_key
 from cdk_constructs.validation import PropsError, require_digest_image
 from stacks.config import DlcImages
 from stacks.environments import PUBLISHED_DLC_IMAGES
@@ -86,6 +86,9 @@ def test_gpu_pool_bounds_are_inclusive() -> None:
         (lambda: ModelCalibration(path="/abs.json", sha256="a" * 64), "calibration.path"),
         (lambda: ModelCalibration(path="../up.json", sha256="a" * 64), "calibration.path"),
         (lambda: ModelCalibration(path="c.json", sha256="A" * 64), "calibration.sha256"),
+        (lambda: ModelChatTemplate(path="/t.jinja", sha256="a" * 64), "chat_template.path"),
+        (lambda: ModelChatTemplate(path="../t.jinja", sha256="a" * 64), "chat_template.path"),
+        (lambda: ModelChatTemplate(path="t.jinja", sha256="a" * 63), "chat_template.sha256"),
         (lambda: AlarmThresholds(five_xx_rate_percent=0), "five_xx_rate_percent"),
         (lambda: AlarmThresholds(max_disk_utilization_percent=120), "max_disk_utilization"),
         (
@@ -137,4 +140,23 @@ def test_a_calibration_gets_its_own_model_object() -> None:
     assert model_object_key(gguf) == f"models/{gguf}/model.tar.gz"
     assert model_object_key(gguf, calibrated) == (
         f"models/{gguf}/calibration-{'c' * 64}/model.tar.gz"
+    )
+
+
+def test_a_chat_template_gets_its_own_model_object() -> None:
+    """Like a calibration: a new template is a new key, so a new SageMaker model. Its part
+    follows the calibration's, and neither changes the key of a model built without it."""
+    gguf = "b" * 64
+    calibrated = ModelCalibration(path="calibration/prod.json", sha256="c" * 64)
+    templated = ModelChatTemplate(path="templates/prod.jinja", sha256="d" * 64)
+    assert model_object_key(gguf, chat_template=templated) == (
+        f"models/{gguf}/chat-template-{'d' * 64}/model.tar.gz"
+    )
+    assert model_object_key(gguf, calibrated, templated) == (
+        f"models/{gguf}/calibration-{'c' * 64}/chat-template-{'d' * 64}/model.tar.gz"
+    )
+    assert model_object_key(gguf, calibrated, None) == model_object_key(gguf, calibrated)
+    other = ModelChatTemplate(path="templates/prod.jinja", sha256="e" * 64)
+    assert model_object_key(gguf, chat_template=other) != model_object_key(
+        gguf, chat_template=templated
     )

@@ -121,10 +121,15 @@ def test_gguf_metadata_is_read_from_a_generated_model(tmp_path: Path) -> None:
     assert info.chat_template_sha256 == hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()
 
 
-def test_gguf_without_chat_template_is_refused(tmp_path: Path) -> None:
+def test_gguf_without_chat_template_is_refused_unless_one_is_packed(tmp_path: Path) -> None:
     model = tiny_model(tmp_path, chat_template=None)
-    with pytest.raises(BuildError, match=r"^no chat template in tiny\.gguf"):
-        inspect_gguf(model.path, file="tiny.gguf", size=len(model.data), sha256=model.sha256)
+    size, sha256 = len(model.data), model.sha256
+    with pytest.raises(BuildError, match=r"^no chat template in tiny\.gguf.*--chat-template FILE"):
+        inspect_gguf(model.path, file="tiny.gguf", size=size, sha256=sha256)
+    info = inspect_gguf(
+        model.path, file="tiny.gguf", size=size, sha256=sha256, operator_template=True
+    )
+    assert (info.architecture, info.chat_template_sha256) == ("llama", None)
 
 
 def test_not_a_gguf_is_refused(tmp_path: Path) -> None:

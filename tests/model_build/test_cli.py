@@ -20,10 +20,13 @@ from pathlib import Path
 import pytest
 
 from adapter.model_files import resolve_model_files
+from adapter.runtime import load_service
+from adapter.settings import Settings
 from model_build.archive import _HashingWriter
 from model_build.embedded import SMOLLM2
-from model_build.manifest import MANIFEST_NAME, load_manifest
+from model_build.manifest import CHAT_TEMPLATE_NAME, MANIFEST_NAME, ChatTemplateFile, load_manifest
 from model_build.sources import PRODUCTION_MODEL
+from model_build.tiny_gguf import CHAT_TEMPLATE
 from tests.support.model_build import (
     CALIBRATION,
     REVISION,
@@ -47,6 +50,7 @@ _ENV = (
     "MODEL_BUILD_HF_BASE_URL",
     "MODEL_BUILD_WORK_DIR",
     "MODEL_CALIBRATION_FILE",
+    "MODEL_CHAT_TEMPLATE_FILE",
     "MODEL_BUILD_RETRIES",
     "MODEL_BUILD_RETRY_WAIT",
     "MODEL_BUILD_PART_SIZE_MB",
@@ -238,6 +242,72 @@ def test_a_bad_calibration_file_is_one_line_before_any_download(
     assert not dest.parent.exists()
 
 
+def test_a_chat_template_is_packed_recorded_and_served(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GGUF without a template builds with --chat-template; the adapter serves it."""
+    bare = tiny_model(tmp_path, "bare.gguf", chat_template=None)
+    template = tmp_path / "template.jinja"
+    data = ("Operator preamble.\r\n" + CHAT_TEMPLATE).encode()  # bytes as given, CRLF kept
+    template.write_bytes(data)
+    monkeypatch.setenv("MODEL_CHAT_TEMPLATE_FILE", str(template))
+    args = ["--source", str(bare.path), "--sha256", bare.sha256]
+    run = run_cli(capsys, *args, "--dest", str(tmp_path / "a" / "model.tar.gz"))
+    assert run.code == 0, run.err
+    assert f"packed as {CHAT_TEMPLATE_NAME}" in run.err
+    model_dir = _unpack(tmp_path / "a" / "model.tar.gz", tmp_path / "opt-ml-model")
+    assert sorted(p.name for p in model_dir.iterdir()) == [
+        "bare.gguf",
+        CHAT_TEMPLATE_NAME,
+        MANIFEST_NAME,
+    ]
+    assert (model_dir / CHAT_TEMPLATE_NAME).read_bytes() == data
+    manifest = load_manifest(model_dir / MANIFEST_NAME)
+    assert manifest.chat_template == ChatTemplateFile(
+        CHAT_TEMPLATE_NAME, len(data), sha256_hex(data)
+    )
+    assert manifest.gguf.chat_template_sha256 is None  # the GGUF has none of its own
+    service = load_service(Settings(model_dir=model_dir, threads=1))
+    try:
+        assert service.model["chat_template"] == {"source": "operator", "sha256": sha256_hex(data)}
+    finally:
+        service.engine.close()
+    # Another template is another build.
+    template.write_text("Another operator.\n" + CHAT_TEMPLATE)
+    other = run_cli(capsys, *args, "--dest", str(tmp_path / "b" / "model.tar.gz"))
+    assert other.result["build_key"] != run.result["build_key"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "chat template cannot be read (No such file or directory)"),
+        (b"", "chat template is empty"),
+        (b"\xff{{ messages }}", "chat template is not UTF-8 text (invalid start byte at byte 0)"),
+    ],
+)
+def test_a_bad_chat_template_file_is_one_line_before_any_download(
+    content: bytes | None,
+    message: str,
+    model: TinyModel,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "template.jinja"
+    if content is not None:
+        path.write_bytes(content)
+    dest = tmp_path / "out" / "model.tar.gz"
+    run = run_cli(
+        capsys,
+        *("--source", str(model.path), "--sha256", model.sha256, "--dest", str(dest)),
+        *("--chat-template", str(path)),
+    )
+    assert run.code == 1
+    assert run.error == f"model-build: {path}: {message}"
+    assert "fetching" not in run.err
+    assert not dest.parent.exists()
+
+
 def test_hf_source_end_to_end_with_a_cut_connection(
     model: TinyModel,
     tmp_path: Path,
@@ -407,7 +477,7 @@ def test_production_pin_is_the_default_source(
         ("model", "0" * 64, "sha256 mismatch for tiny.gguf: expected " + "0" * 64),
         ("missing.gguf", "ok", "source not found:"),
         ("zip", "ok", "not a GGUF file: zip.gguf starts with b'PK"),
-        ("no-template", "ok", "no chat template in no-template.gguf"),
+        ("no-template", "ok", "no chat template in no-template.gguf (tokenizer.chat_template)"),
         (f"hf://org/absent@{REVISION}/m.gguf", "ok", "source not found: http://"),
         (f"hf://org/repo@{REVISION}/m.gguf", "unreachable", "cannot download http://127.0.0.1:"),
     ],

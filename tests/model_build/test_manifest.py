@@ -12,7 +12,9 @@ import pytest
 
 from model_build.calibration import Calibration, LikelihoodCalibration, parse_calibration
 from model_build.manifest import (
+    CHAT_TEMPLATE_NAME,
     BuildInfo,
+    ChatTemplateFile,
     GgufInfo,
     Manifest,
     ManifestError,
@@ -76,6 +78,24 @@ def test_the_likelihood_section_round_trips_and_stays_absent_when_unfitted() -> 
     assert calibration_sha256(parsed) != calibration_sha256(CALIBRATION)
 
 
+def test_an_operator_chat_template_round_trips_and_excuses_a_gguf_without_one() -> None:
+    packed = ChatTemplateFile(CHAT_TEMPLATE_NAME, 42, "d" * 64)
+    bare = dataclasses.replace(MANIFEST.gguf, chat_template_sha256=None)
+    manifest = dataclasses.replace(MANIFEST, gguf=bare, chat_template=packed)
+    document = _document(manifest)
+    assert document["chat_template"] == {
+        "file": "chat_template.jinja",
+        "bytes": 42,
+        "sha256": "d" * 64,
+    }
+    assert document["gguf"]["chat_template_sha256"] is None
+    assert parse_manifest(document) == manifest
+    assert "chat_template" not in _document()
+    del document["chat_template"]
+    with pytest.raises(ManifestError, match=r"^gguf.chat_template_sha256: null \(the GGUF has"):
+        parse_manifest(document)
+
+
 def _with_likelihood(likelihood: LikelihoodCalibration) -> Calibration:
     return dataclasses.replace(CALIBRATION, likelihood=likelihood)
 
@@ -137,7 +157,19 @@ def _set(path: str, value: object) -> dict[str, Any]:
         ("gguf.bytes", True, "gguf.bytes: expected int, got bool"),
         ("gguf.bytes", 0, "gguf.bytes: must be positive"),
         ("gguf.vocab_size", None, "gguf.vocab_size: required"),
-        ("gguf.chat_template_sha256", None, "gguf.chat_template_sha256: required"),
+        ("gguf.chat_template_sha256", "x", "gguf.chat_template_sha256: expected 64 lowercase"),
+        ("chat_template", [], "chat_template: expected an object"),
+        (
+            "chat_template",
+            {"file": "../t.jinja", "bytes": 1, "sha256": "d" * 64},
+            "chat_template.file: '../t.jinja' is not a plain .jinja name at the archive root",
+        ),
+        (
+            "chat_template",
+            {"file": "t.jinja", "bytes": 0, "sha256": "d" * 64},
+            "chat_template.bytes: must be positive",
+        ),
+        ("chat_template", {"file": "t.jinja", "bytes": 1}, "chat_template.sha256: required"),
         ("source.revision", "main", "source.revision: expected a 40-hex commit or null"),
         ("source.uri", "", "source.uri: must not be empty"),
         ("build", "x", "build: expected an object"),

@@ -27,6 +27,8 @@ UPDATE_SNAPSHOTS_VARIABLE = "SEMIF_UPDATE_SNAPSHOTS"
 # Calibration files for the tests, named relative to the repository like an environment's.
 CALIBRATIONS = "tests/cdk/calibration"
 VALID_CALIBRATION = f"{CALIBRATIONS}/valid.json"
+# A chat template, named relative to the repository like an environment's.
+VALID_CHAT_TEMPLATE = "tests/cdk/chat_template/valid.jinja"
 
 
 @dataclass(frozen=True)
