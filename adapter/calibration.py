@@ -14,16 +14,29 @@ A question read by likelihood (adapter.likelihood) gets the temperature of the c
 have no positions). A calibration fitted under another prompt version read other prompts:
 it is refused at start (`check_calibration`), the likelihood section against the likelihood
 prompt this server renders, because a stale calibration is worse than none.
+A question asked with a `coverage` gets a conformal prediction set from the calibration's
+`conformal` section for its readout and kind (model_build.conformal), fitted in the option
+order it is read in; without one the request is refused before it is scored, never answered
+with a set that promises nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.likelihood import Listing
+from adapter.errors import RequestError
+from adapter.likelihood import Listing, ReadoutChoice
 from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
 from model_build.calibration import Calibration, Normalization, OptionOrder, QuestionKind
+from model_build.conformal import (
+    ConformalMethod,
+    ConformalScores,
+    fewest_scores,
+    prediction_set,
+    threshold,
+)
 
 
 class CalibrationMismatchError(RuntimeError):
@@ -47,14 +60,17 @@ def check_calibration(calibration: Calibration | None, listing: Listing) -> None
     renders (its likelihood section: than the likelihood prompt of `listing`)."""
     if calibration is None:
         return
+    rendered = LIKELIHOOD_PROMPT_VERSIONS[listing]
     fitted = [(calibration.prompt_version, PROMPT_VERSION, "")]
     if calibration.likelihood is not None:
-        rendered = LIKELIHOOD_PROMPT_VERSIONS[listing]
         fitted.append((calibration.likelihood.prompt_version, rendered, "likelihood "))
-    for version, expected, section in fitted:
+    for readout, conformal in calibration.conformal.items():
+        expected = PROMPT_VERSION if readout == "letters" else rendered
+        fitted.append((conformal.prompt_version, expected, f"{readout} conformal "))
+    for version, expected, name in fitted:
         if version != expected:
             raise CalibrationMismatchError(
-                f"the manifest's {section}calibration was fitted under prompt version "
+                f"the manifest's {name}calibration was fitted under prompt version "
                 f"{version!r}, but this adapter renders {expected!r}; refit it with "
                 "semif-calibrate against this adapter and rebuild the model "
                 "(model-build --calibration FILE), or build without --calibration"
@@ -102,4 +118,58 @@ def describe(calibration: Calibration | None, used: Correction) -> dict[str, Any
         "applied": used.applied,
         "temperature": used.temperature,
         "position_prior": used.prior is not None,
+    }
+
+
+def readout_key(choice: ReadoutChoice) -> str:
+    """How the conformal section names a readout: `letters`, `likelihood:<normalization>`."""
+    return f"likelihood:{choice.normalization}" if choice.likelihood else "letters"
+
+
+def conformal_scores(
+    calibration: Calibration | None, choice: ReadoutChoice, kind: QuestionKind, order: OptionOrder
+) -> ConformalScores:
+    """The held-out scores a set for this readout, kind and option order is drawn from; a
+    400 naming what is missing when the calibration has none (before anything is scored)."""
+    key = readout_key(choice)
+    section = calibration.conformal.get(key) if calibration is not None else None
+    if section is None or kind not in section.scores:
+        raise RequestError(
+            "coverage",
+            f"the model's calibration has no conformal section for readout {key} and {kind} "
+            "questions; fit one with semif-calibrate --conformal and build the model with it "
+            "(model-build --calibration FILE), or leave coverage out",
+        )
+    if section.option_order != order:
+        raise RequestError(
+            "coverage",
+            f"the conformal section for readout {key} was fitted in option order "
+            f"{section.option_order}; this request is read in {order} (set option_order)",
+        )
+    return section.scores[kind]
+
+
+def prediction_set_fields(
+    scores: ConformalScores,
+    method: ConformalMethod,
+    coverage: float,
+    option_ids: Sequence[str],
+    probabilities: Sequence[float],
+) -> dict[str, Any]:
+    """A result's prediction set (option ids in the caller's order) and what it promises:
+    `complete` is true when the calibration held too few questions to leave any option out
+    at this coverage (the set is then every option)."""
+    held = scores.by_method[method]
+    limit = threshold(held, coverage)
+    members = prediction_set(method, probabilities, limit)
+    return {
+        "prediction_set": [option_ids[index] for index in members],
+        "set_size": len(members),
+        "coverage": coverage,
+        "coverage_method": method,
+        "conformal": {
+            "calibration_questions": len(held),
+            "complete": limit is None,
+            "needed_questions": fewest_scores(coverage),
+        },
     }

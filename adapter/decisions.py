@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from adapter.calibration import describe
+from adapter.calibration import conformal_scores, describe, prediction_set_fields
 from adapter.cancel import Cancellation
 from adapter.ordering import Variants
 from adapter.prompts import PROMPT_VERSION, prompt_sha256
@@ -35,6 +35,11 @@ def decide(
     # Read by likelihood, options are always listed in the content-derived order.
     order = "canonical" if choice.likelihood else policy.option_order or service.option_order
     variants = [Variants.of(d, "choice", order, service.calibration, choice) for d in decisions]
+    scores = (
+        None
+        if policy.coverage is None
+        else conformal_scores(service.calibration, choice, "choice", order)
+    )
     version = service.likelihood_prompt_version if choice.likelihood else PROMPT_VERSION
     paths = decision_paths(mode, len(decisions))
     readings, batch = service.read_variants(variants, paths, cancel, retry_token=retry_token)
@@ -46,6 +51,17 @@ def decide(
         reused = sum(batch.reused_tokens[offset : offset + reading.prompts])
         offset += reading.prompts
         reason = policy.abstain_reason(reading.probabilities, reading.allowed_token_mass)
+        conformal: dict[str, Any] = {}
+        if scores is not None and policy.coverage is not None:
+            conformal = prediction_set_fields(
+                scores,
+                policy.coverage_method,
+                policy.coverage,
+                variant.decision.option_ids,
+                reading.probabilities,
+            )
+            if reason is None and conformal["set_size"] != 1:
+                reason = "prediction_set"  # acting on it would break the promise
         results.append(
             {
                 "id": variant.decision.id,
@@ -56,6 +72,7 @@ def decide(
                 "top_token": service.piece(reading.top_token_id),
                 "abstained": reason is not None,
                 "abstain_reason": reason,
+                **conformal,
                 "option_order": order,
                 "calibration": describe(service.calibration, variant.correction),
                 "input_tokens": reading.input_tokens,

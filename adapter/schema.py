@@ -33,6 +33,7 @@ from adapter.likelihood import (
     ReadoutChoice,
 )
 from model_build.calibration import NORMALIZATIONS, OPTION_ORDERS, Normalization, OptionOrder
+from model_build.conformal import METHODS, ConformalMethod
 
 MIN_OPTIONS = 2
 MAX_OPTIONS = 16
@@ -81,6 +82,8 @@ class Policy:
     min_allowed_token_mass: float | None = None
     readout: Readout | None = None  # None: the server's default
     normalization: Normalization | None = None  # None: the server's default
+    coverage: float | None = None  # a conformal prediction set's promised coverage
+    coverage_method: ConformalMethod = "lac"
 
     def readout_choice(self, default: ReadoutChoice) -> ReadoutChoice:
         """The readout this policy asks for, the server's `default` filling what it omits."""
@@ -105,6 +108,8 @@ POLICY_FIELDS = (
     "min_allowed_token_mass",
     "readout",
     "normalization",
+    "coverage",
+    "coverage_method",
 )
 
 
@@ -136,7 +141,22 @@ def parse_policy(entry: dict[str, Any]) -> Policy:
         normalization=normalization(entry["normalization"], "normalization")
         if "normalization" in entry
         else None,
+        coverage=coverage(entry),
+        coverage_method=cast(
+            ConformalMethod, fields.one_of(entry["coverage_method"], "coverage_method", METHODS)
+        )
+        if "coverage_method" in entry
+        else "lac",
     )
+
+
+def coverage(entry: dict[str, Any]) -> float | None:
+    """The coverage a prediction set promises: strictly between 0 and 1 (a set that must
+    hold the right option always is every option; one that never need is empty)."""
+    value = _fraction(entry, "coverage")
+    if value is not None and not 0 < value < 1:
+        raise RequestError("coverage", "must be a number between 0 and 1, both excluded")
+    return value
 
 
 def readout_method(value: Any, path: str, shape_error: fields.ShapeError = RequestError) -> Readout:

@@ -13,6 +13,9 @@ SageMaker endpoint or a local `serve`, then:
   NLL, Brier and top-label ECE (10 bins) before and after, for every option order, how much
   of debiased's gain the prior recovers in canonical mode at one prompt per decision, and a
   reliability diagram PNG.
+With --conformal, the file also gets a conformal section (bench.conformal_fit): the held-out
+scores prediction sets are drawn from, per readout and kind, and the report says the
+coverage and mean set size they reach on random halves of the tasks.
 The calibration file (format: model_build.calibration) is fitted on all tasks; give it to
 `model-build --calibration FILE`.
 
@@ -42,6 +45,7 @@ import numpy.typing as npt
 from adapter.calibration import correction, likelihood_correction
 from adapter.ordering import Order, arrange, canonical_order, distribution, plan, rotations
 from adapter.readout import log_softmax, softmax
+from bench.conformal_fit import conformal_section, coverage_report, format_coverage
 from bench.metrics import ECE_BINS, Answer, accuracy, brier_score, top_label_ece
 from bench.runner import Invoker, save_figure, target_client
 from bench.tasks import Task, load_tasks, shared_body, single_body
@@ -55,6 +59,7 @@ from model_build.calibration import (
     OptionOrder,
     QuestionKind,
 )
+from model_build.conformal import ConformalSection
 
 SCHEMA = "semif-calibrate/1"
 TEMPERATURE_BOUNDS = (0.05, 20.0)
@@ -432,9 +437,11 @@ def calibrate(
     prompt_version: str,
     tasks_sha256: str,
     likelihood_version: str | None = None,
+    conformal: bool = False,
 ) -> tuple[Calibration, dict[str, Any]]:
     """The calibration for `mode` fitted on every task (its likelihood section too when
-    the tasks were read by likelihood under `likelihood_version`), and the held-out report."""
+    the tasks were read by likelihood under `likelihood_version`; with `conformal`, the
+    prediction sets' section from the held-out answers), and the held-out report."""
     if folds < 2 or len(scored) < folds:
         raise CalibrateError(f"{len(scored)} tasks cannot be split into {folds} folds (>= 2)")
     held, likely = cross_validate(scored, folds, seed, prompt_version=prompt_version)
@@ -457,6 +464,16 @@ def calibrate(
         tasks_sha256=tasks_sha256,
         likelihood_version=likelihood_version if read_likely else None,
     )
+    if conformal:
+        sections, report["conformal"] = _conformal(
+            held[mode]["calibrated"],
+            likely,
+            visited,
+            mode=mode,
+            prompt_version=prompt_version,
+            likelihood_version=likelihood_version if read_likely else None,
+        )
+        final = replace(final, conformal=sections)
     metrics = {
         "folds": folds,
         "seed": seed,
@@ -465,6 +482,43 @@ def calibrate(
         "likelihood_held_out": report["likelihood_held_out"],
     }
     return replace(final, metrics=metrics), report
+
+
+def _conformal(
+    letters: Sequence[Answer],
+    likely: Mapping[str, Mapping[str, Sequence[Answer]]],
+    visited: Sequence[Scored],
+    *,
+    mode: OptionOrder,
+    prompt_version: str,
+    likelihood_version: str | None,
+) -> tuple[dict[str, ConformalSection], dict[str, Any]]:
+    """The conformal sections (letters in `mode`, likelihood per normalization) from the
+    held-out calibrated answers, and their coverage report."""
+    expected = [item.task.expected for item in visited]
+    kinds = [item.kind for item in visited]
+    readouts = [("letters", letters, expected, kinds, prompt_version, mode)]
+    if likelihood_version is not None:
+        read = [item for item in visited if item.likelihood]
+        for normalization in NORMALIZATIONS:
+            readouts.append(
+                (
+                    f"likelihood:{normalization}",
+                    likely[f"likelihood {normalization}"]["calibrated"],
+                    [item.task.expected for item in read],
+                    [item.kind for item in read],
+                    likelihood_version,
+                    "canonical",  # options read by likelihood are listed canonically
+                )
+            )
+    sections: dict[str, ConformalSection] = {}
+    report: dict[str, Any] = {}
+    for readout, answers, labels, own_kinds, version, order in readouts:
+        sections[readout] = conformal_section(
+            answers, labels, own_kinds, prompt_version=version, option_order=order
+        )
+        report[readout] = coverage_report(answers, labels)
+    return sections, report
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -483,6 +537,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         for name, share in report["prior_recovers"].items()
     )
     lines.append(f"canonical + prior recovers of debiased's gain: {shares}")
+    if "conformal" in report:
+        lines.append("conformal prediction sets, random halves of the held-out answers:")
+        lines += format_coverage(report["conformal"])
     return "\n".join(lines)
 
 
@@ -505,6 +562,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         dest="likelihood",
         action="store_false",
         help="fit the letters only (no likelihood section; three fewer requests per task)",
+    )
+    parser.add_argument(
+        "--conformal",
+        action="store_true",
+        help="add the conformal section (prediction sets at any coverage) and report it",
     )
     parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="held-out folds")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fold split")
@@ -529,6 +591,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             prompt_version=read.prompt_version,
             tasks_sha256=hashlib.sha256(args.tasks.read_bytes()).hexdigest(),
             likelihood_version=read.likelihood_version,
+            conformal=args.conformal,
         )
     except CalibrateError as error:
         sys.exit(f"semif-calibrate: {error}")

@@ -28,11 +28,18 @@ class DecisionResult:
     prompt_sha256: str
     raw: dict[str, Any] = field(repr=False)
     readout: str = "letters"  # or "likelihood" (then `raw["normalization"]` says which)
+    # Asked with a coverage: the conformal prediction set (option ids, request order) and
+    # the coverage it promises; `raw["conformal"]` says what backs it.
+    prediction_set: list[str] | None = None
+    coverage: float | None = None
 
     @classmethod
     def from_json(cls, result: Mapping[str, Any]) -> DecisionResult:
+        members = result.get("prediction_set")
         return cls(
             readout=str(result.get("readout", "letters")),
+            prediction_set=None if members is None else [str(member) for member in members],
+            coverage=None if result.get("coverage") is None else float(result["coverage"]),
             id=result["id"],
             option_ids=list(result["option_ids"]),
             probabilities=[float(p) for p in result["probabilities"]],

@@ -71,7 +71,10 @@ def format_decision(result: DecisionResult) -> str:
     )
     cells = "  ".join(f"{option}={probability:.3f}" for option, probability in ranked)
     mass = result.allowed_token_mass
-    return f"  {result.id:<14} -> {result.choice:<15} [{cells}]  (letter mass {mass:.2f})"
+    line = f"  {result.id:<14} -> {result.choice:<15} [{cells}]  (letter mass {mass:.2f})"
+    if result.prediction_set is not None:
+        line += f"  set at {result.coverage:g}: {{{', '.join(result.prediction_set)}}}"
+    return line
 
 
 def _cells(probabilities: dict[str, float]) -> str:

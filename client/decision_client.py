@@ -213,15 +213,16 @@ class DecisionClient:
                     ) from error
                 self._sleep(self.retry.delay_s(attempts - 1, elapsed, hint, self._rng.random()))
 
-    def decide(self, decision: Mapping[str, Any], **reading: str) -> DecisionResult:
+    def decide(self, decision: Mapping[str, Any], **reading: str | float) -> DecisionResult:
         """One decision: {"id", "state", "question", "options": [{"id", "description"}]}.
         `reading` passes the policy fields (readout="likelihood", normalization="mean",
-        option_order=...); the endpoint's defaults apply to the rest."""
+        option_order=..., coverage=0.9 for a prediction set); the endpoint's defaults apply
+        to the rest."""
         answer = self.invoke({"decision": dict(decision), **reading})
         return DecisionResult.from_json(answer["result"])
 
     def decide_many(
-        self, decisions: Sequence[Mapping[str, Any]], **reading: str
+        self, decisions: Sequence[Mapping[str, Any]], **reading: str | float
     ) -> list[DecisionResult]:
         """Decisions about one state, scored together (the state is evaluated once);
         `reading` as for `decide`."""

@@ -21,6 +21,8 @@ An optional `likelihood` section calibrates the likelihood readout (adapter.like
     "likelihood": {"prompt_version": "semif-option-likelihood/1",
                    "temperatures": {"mean": {"choice": 0.8, "noul": 1.1}, "sum": {...}}}
 one temperature per normalization and question kind, for the likelihood prompt it names.
+An optional `conformal` section holds what serving prediction sets needs, per readout
+(`letters`, `likelihood:<normalization>`): model_build.conformal.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from model_build.conformal import ConformalError, ConformalSection, parse_conformal
+
 CALIBRATION_SCHEMA_VERSION = 1
 QuestionKind = Literal["choice", "noul", "score"]
 QUESTION_KINDS: tuple[QuestionKind, ...] = ("choice", "noul", "score")
@@ -43,6 +47,8 @@ OPTION_ORDERS: tuple[OptionOrder, ...] = ("as_given", "canonical", "debiased")
 Normalization = Literal["sum", "mean", "pmi"]
 NORMALIZATIONS: tuple[Normalization, ...] = ("sum", "mean", "pmi")
 MAX_PRIOR_OPTIONS = 260
+# The readouts a conformal section is fitted for: letters, and likelihood per normalization.
+CONFORMAL_READOUTS = ("letters", *(f"likelihood:{name}" for name in NORMALIZATIONS))
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 Name = TypeVar("Name", bound=str)
 
@@ -76,6 +82,7 @@ class Calibration:
     position_prior: dict[int, tuple[float, ...]] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     likelihood: LikelihoodCalibration | None = None
+    conformal: dict[str, ConformalSection] = field(default_factory=dict)  # by readout
 
     def temperature(self, kind: QuestionKind) -> float:
         return self.temperatures.get(kind, 1.0)
@@ -88,6 +95,11 @@ class Calibration:
         }
         if self.likelihood is None:
             del document["likelihood"]  # absent, as in files written before the section
+        del document["conformal"]  # absent unless fitted: older files hash as before
+        if self.conformal:
+            document["conformal"] = {
+                readout: section.to_document() for readout, section in self.conformal.items()
+            }
         return {"schema_version": CALIBRATION_SCHEMA_VERSION, **document}
 
     def to_json(self) -> str:
@@ -129,6 +141,7 @@ def parse_calibration(document: object, where: str = "calibration") -> Calibrati
         likelihood=None
         if root.get("likelihood") is None
         else _likelihood(_mapping(root["likelihood"], f"{where}.likelihood"), where),
+        conformal=_conformal(root.get("conformal", {}), f"{where}.conformal"),
     )
 
 
@@ -191,6 +204,19 @@ def _likelihood(section: Mapping[str, Any], where: str) -> LikelihoodCalibration
         kinds_path = f"{path}.temperatures.{key}"
         temperatures[normalization] = _temperatures(_mapping(value, kinds_path), kinds_path)
     return LikelihoodCalibration(prompt_version, temperatures)
+
+
+def _conformal(section: object, where: str) -> dict[str, ConformalSection]:
+    try:
+        return parse_conformal(
+            _mapping(section, where),
+            where,
+            readouts=CONFORMAL_READOUTS,
+            kinds=QUESTION_KINDS,
+            orders=OPTION_ORDERS,
+        )
+    except ConformalError as error:
+        raise CalibrationError(str(error)) from None
 
 
 def _counts(section: Mapping[str, Any], where: str) -> dict[QuestionKind, int]:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from adapter.app import create_app
+from adapter.calibration import check_calibration
 from adapter.ordering import canonical_order, rotations
 from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
 from adapter.readout import log_softmax
@@ -168,3 +169,30 @@ def test_what_is_fitted_is_what_is_served(tiny_url: str) -> None:
             served = client.invoke(body | {"normalization": normalization})
             ours = item.likely(normalization, None)
             assert served["result"]["probabilities"] == pytest.approx(list(ours), abs=1e-9)
+
+
+def test_conformal_writes_sets_the_adapter_serves_and_reports_their_coverage(
+    tiny_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tasks_file = tmp_path / "tasks.jsonl"
+    _mixed_tasks(tasks_file)
+    out = tmp_path / "out"
+    main([str(tasks_file), "--url", tiny_url, "--folds", "2", "--out", str(out), "--conformal"])
+    calibration = load_calibration(out / "calibration.json")
+    check_calibration(calibration, "unlisted")  # fitted under the prompts this adapter renders
+    letters = calibration.conformal["letters"]
+    assert (letters.prompt_version, letters.option_order) == (PROMPT_VERSION, "canonical")
+    assert {kind: s.count for kind, s in letters.scores.items()} == {
+        "choice": 4,
+        "noul": 4,
+        "score": 4,
+    }
+    for normalization in ("sum", "mean", "pmi"):
+        section = calibration.conformal[f"likelihood:{normalization}"]
+        assert section.prompt_version == LIKELIHOOD_PROMPT_VERSIONS["unlisted"]
+        assert set(section.scores) == {"choice", "noul"}  # score tasks are read by letters
+    report = json.loads((out / "calibrate-report.json").read_text())
+    row = report["conformal"]["letters"]["0.8"]["lac"]
+    assert 0 <= row["coverage"] <= 1
+    assert row["calibration_questions"] == 6  # half of the 12 held-out answers
+    assert "conformal prediction sets" in capsys.readouterr().out

@@ -20,7 +20,8 @@ from botocore.stub import Stubber
 from adapter.app import create_app
 from adapter.core.retry_line import Refusal
 from adapter.settings import Settings
-from client.cli import main
+from client.answers import DecisionResult
+from client.cli import format_decision, main
 from client.decision_client import (
     BusyError,
     ChoiceAnswer,
@@ -367,3 +368,24 @@ def test_api_key_reaches_a_guarded_local_server(
             )
             == 0
         )
+
+
+def test_a_prediction_set_reaches_the_typed_result_and_the_cli_line() -> None:
+    """The fields a coverage request adds (adapter.decisions), read by the client; a result
+    without them keeps None."""
+    base = {
+        "id": "d",
+        "option_ids": ["a", "b", "c"],
+        "probabilities": [0.5, 0.3, 0.2],
+        "allowed_token_mass": 0.9,
+        "input_tokens": 40,
+        "prompt_sha256": "0" * 64,
+    }
+    plain = DecisionResult.from_json(base)
+    assert (plain.prediction_set, plain.coverage) == (None, None)
+    with_set = DecisionResult.from_json(
+        {**base, "prediction_set": ["a", "b"], "set_size": 2, "coverage": 0.9}
+    )
+    assert (with_set.prediction_set, with_set.coverage) == (["a", "b"], 0.9)
+    assert format_decision(with_set).endswith("set at 0.9: {a, b}")
+    assert "set at" not in format_decision(plain)
