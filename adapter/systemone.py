@@ -13,7 +13,10 @@ levels keep their order in every mode. The model's calibration applies each kind
 temperature (`adapter.calibration`); the answers keep the format's exact shape. Optional
 top-level `readout` and `normalization` (adapter.likelihood; the server's SEMIF_READOUT and
 SEMIF_NORMALIZATION when absent) say how choice and noul questions are read; score
-questions are always read by letters (their levels are positions).
+questions are always read by letters (their levels are positions). An optional top-level
+`coverage` (with `coverage_method`, as in the decision API) adds to every answer a conformal
+prediction set of option keys (noul: "true", "false"), from the calibration's section for
+the question's kind and readout; without one, a 400 naming `coverage`.
 
 Confidence, the same formula for choice and score: 1 - H(p) / ln(N), where H is the
 Shannon entropy of the N option probabilities. It is 1 when all mass is on one option and
@@ -28,16 +31,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from adapter import fields
+from adapter.calibration import conformal_scores, prediction_set_fields
 from adapter.cancel import Cancellation
 from adapter.errors import RequestError, SchemaError
 from adapter.fields import JsonState, member_path
 from adapter.likelihood import LETTERS, Readout, ReadoutChoice
 from adapter.ordering import Variants
-from adapter.schema import Decision, Option, normalization, option_order, readout_method
+from adapter.schema import (
+    Decision,
+    Option,
+    coverage,
+    normalization,
+    option_order,
+    readout_method,
+)
 from model_build.calibration import Normalization, OptionOrder
+from model_build.conformal import METHODS, ConformalMethod
 
 if TYPE_CHECKING:  # the parser loads no model (the JSON Lines planner uses it)
     from adapter.service import DecisionService, ScoredBatch
@@ -65,6 +77,8 @@ class SystemOneRequest:
     option_order: OptionOrder | None = None  # None: the server's default
     readout: Readout | None = None  # choice and noul questions; None: the server's default
     normalization: Normalization | None = None
+    coverage: float | None = None  # a prediction set on every answer
+    coverage_method: ConformalMethod = "lac"
 
     def readout_for(self, question: Question, default: ReadoutChoice) -> ReadoutChoice:
         """How `question` is read: score questions by letters, the others as asked."""
@@ -142,7 +156,16 @@ def question_options(kind: Kind, criteria: Any, path: str) -> tuple[Option, ...]
 def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
     """Validate a System One request; every error names the offending field."""
     entry = fields.json_object(body, "body", SchemaError)
-    allowed = ("model", "state", "questions", "option_order", "readout", "normalization")
+    allowed = (
+        "model",
+        "state",
+        "questions",
+        "option_order",
+        "readout",
+        "normalization",
+        "coverage",
+        "coverage_method",
+    )
     fields.only_fields(entry, "body", allowed, SchemaError)
     model = entry.get("model")
     if model is not None and not isinstance(model, str):
@@ -169,6 +192,13 @@ def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
         normalization=normalization(entry["normalization"], "normalization", SchemaError)
         if "normalization" in entry
         else None,
+        coverage=coverage(entry),
+        coverage_method=cast(
+            ConformalMethod,
+            fields.one_of(entry["coverage_method"], "coverage_method", METHODS, SchemaError),
+        )
+        if "coverage_method" in entry
+        else "lac",
     )
 
 
@@ -215,15 +245,19 @@ def answer(
     """
     questions = request.questions
     mode = request.option_order or service.option_order
+    choices = [request.readout_for(question, service.readout) for question in questions]
     variants = [
-        Variants.of(
-            question.decision,
-            question.kind,
-            mode,
-            service.calibration,
-            request.readout_for(question, service.readout),
+        Variants.of(question.decision, question.kind, mode, service.calibration, choice)
+        for question, choice in zip(questions, choices, strict=True)
+    ]
+    # Checked before scoring: a set no calibration backs is refused, never answered.
+    scores = [
+        None
+        if request.coverage is None
+        else conformal_scores(
+            service.calibration, choice, question.kind, "canonical" if choice.likelihood else mode
         )
-        for question in questions
+        for question, choice in zip(questions, choices, strict=True)
     ]
     readings, batch = service.read_variants(
         variants,
@@ -231,12 +265,17 @@ def answer(
         cancel,
         retry_token=retry_token,
     )
+    answers = {}
+    for question, reading, held in zip(questions, readings, scores, strict=True):
+        answers[question.key] = shape_answer(question, reading.probabilities)
+        if held is not None and request.coverage is not None:
+            keys = [option.id for option in question.decision.options]
+            answers[question.key] |= prediction_set_fields(
+                held, request.coverage_method, request.coverage, keys, reading.probabilities
+            )
     response = {
         "model": service.model_id,
-        "answers": {
-            question.key: shape_answer(question, reading.probabilities)
-            for question, reading in zip(questions, readings, strict=True)
-        },
+        "answers": answers,
         "usage": {"input_tokens": batch.distinct_input_tokens, "output_tokens": 0},
     }
     return response, batch

@@ -19,6 +19,7 @@ from adapter.errors import RequestError
 from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
 from adapter.schema import Decision, Option, Policy, parse_decision_body
 from adapter.service import DecisionService
+from adapter.systemone import answer, parse_systemone
 from model_build.calibration import Calibration
 from model_build.conformal import ConformalScores, ConformalSection
 from tests.support.models import open_test_model
@@ -172,3 +173,27 @@ def test_the_server_answers_a_coverage_it_cannot_back_with_a_400(
     )
     assert response.status_code == 400
     assert "coverage" in response.text
+
+
+def test_system_one_answers_carry_sets_of_option_keys(service: DecisionService) -> None:
+    """The calibration holds scores for choice questions only: a choice question gets its
+    set, a yes/no question is refused by name before anything is scored."""
+    choice = {
+        "type": "choice",
+        "instructions": "What now?",
+        "criteria": dict.fromkeys(("a", "b", "c")),
+    }
+    body = {"state": "Order 1182 arrived cracked.", "questions": {"next": choice}, "coverage": 0.5}
+    response, _ = answer(service, parse_systemone(body, 8))
+    shaped = response["answers"]["next"]
+    assert shaped["type"] == "choice"
+    assert set(shaped["prediction_set"]) <= {"a", "b", "c"}
+    assert shaped["set_size"] == len(shaped["prediction_set"])
+    assert shaped["coverage"] == 0.5
+    noul = {"type": "noul", "instructions": "Is it urgent?", "criteria": None}
+    asked = {**body, "questions": {"urgent": noul}}
+    with pytest.raises(RequestError, match=r"no conformal section for readout letters and noul"):
+        answer(service, parse_systemone(asked, 8))
+    without = {key: value for key, value in body.items() if key != "coverage"}
+    plain, _ = answer(service, parse_systemone(without, 8))
+    assert "prediction_set" not in plain["answers"]["next"]
