@@ -13,7 +13,7 @@ from typing import Any
 
 from adapter.calibration import conformal_scores, describe, prediction_set_fields
 from adapter.cancel import Cancellation
-from adapter.ordering import Variants
+from adapter.ordering import Variants, clone_groups
 from adapter.prompts import PROMPT_VERSION, prompt_sha256
 from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy, decision_paths
 from adapter.service import DecisionService
@@ -62,6 +62,10 @@ def decide(
             )
             if reason is None and conformal["set_size"] != 1:
                 reason = "prediction_set"  # acting on it would break the promise
+        ids = variant.decision.option_ids
+        # Options sharing an answer text, whose probability is split between them.
+        clones = clone_groups(variant.decision) if choice.likelihood else []
+        shared = {"option_clones": [[ids[i] for i in group] for group in clones]} if clones else {}
         results.append(
             {
                 "id": variant.decision.id,
@@ -73,6 +77,7 @@ def decide(
                 "abstained": reason is not None,
                 "abstain_reason": reason,
                 **conformal,
+                **shared,
                 "option_order": order,
                 "calibration": describe(service.calibration, variant.correction),
                 "input_tokens": reading.input_tokens,

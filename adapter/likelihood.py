@@ -89,12 +89,14 @@ def read_likelihood(
     *,
     neutral: Sequence[float] | None = None,
     top_token_id: int,
+    distinct: Sequence[int] | None = None,
 ) -> SlotReadout:
     """Probabilities over the options from each option's scored tokens' log-probabilities
     (`neutral`: each option's joint log-probability after the neutral prompt, for `pmi`).
     `option_logits` are the normalized scores; `allowed_token_mass` is the probability the
     model gives to answering exactly one of the options (the sum of their joint
-    probabilities), the likelihood analogue of the letters' mass."""
+    probabilities, each answer once: `distinct` indexes one option per answer text when
+    clones share one), the likelihood analogue of the letters' mass."""
     joint = np.array([sum(values) for values in option_logprobs], np.float64)
     if not np.isfinite(joint).all() or (neutral is not None and not np.isfinite(neutral).all()):
         raise NonFiniteLogitsError("the model returned NaN or infinite logits")
@@ -109,6 +111,8 @@ def read_likelihood(
     return SlotReadout(
         option_logits=[float(value) for value in scores],
         probabilities=[float(value) for value in softmax(scores)],
-        allowed_token_mass=min(1.0, float(np.exp(joint).sum())),
+        allowed_token_mass=min(
+            1.0, float(np.exp(joint if distinct is None else joint[list(distinct)]).sum())
+        ),
         top_token_id=top_token_id,
     )

@@ -121,18 +121,11 @@ class OptionBranches:
                 "whole answer cannot be scored; use the letters readout",
             )
         answers = []
-        said: dict[tuple[int, ...], str] = {}  # answer tokens -> the option that has them
+        # Options with the same answer text are one answer (clones): the engine scores the
+        # branch once, and the reading splits that answer's probability between them.
         for option in decision.options:
             branch = self._tokenize(with_answer(prompt, answer_text(option)), path, HINT)
             answer = option_tokens(branch, tokens, f"{path}.options", option.id)
-            twin = said.setdefault(tuple(answer), option.id)
-            if twin != option.id:  # the same words score the same: they cannot be told apart
-                raise RequestError(
-                    f"{path}.options",
-                    f"options {json.dumps(twin)} and {json.dumps(option.id)} have the same "
-                    "answer text (label, else description); the likelihood readout cannot "
-                    "tell them apart",
-                )
             if len(tokens) + len(answer) + 1 > self.max_tokens:
                 raise RequestError(
                     path,

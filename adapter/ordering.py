@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from adapter.calibration import Correction, correction, likelihood_correction
 from adapter.likelihood import LETTERS, ReadoutChoice
+from adapter.prompts import answer_text
 from adapter.readout import SlotReadout, corrected, log_mean, log_softmax
 from adapter.schema import Decision, Option
 from model_build.calibration import Calibration, OptionOrder, QuestionKind
@@ -173,7 +174,11 @@ class Variants:
         """Combine this decision's prompts' readouts, then apply its correction."""
         first, first_order = readouts[0], self.orders[0]
         rows = [position_log_probabilities(readout) for readout in readouts]
-        probabilities = distribution(self.orders, rows, self.correction)
+        groups = clone_groups(self.decision) if self.readout.likelihood else []
+        if groups:
+            probabilities = split_clones(first.option_logits, first_order, groups, self.correction)
+        else:
+            probabilities = distribution(self.orders, rows, self.correction)
         return Reading(
             probabilities=[float(p) for p in probabilities],
             option_logits=to_caller(first.option_logits, first_order),
@@ -183,6 +188,39 @@ class Variants:
             input_tokens=sum(tokens),
             prompts=len(readouts),
         )
+
+
+def clone_groups(decision: Decision) -> list[list[int]]:
+    """Options the likelihood readout cannot tell apart (the same answer text: label, else
+    description), as groups of caller indexes, first first; only groups of two or more."""
+    groups: dict[str, list[int]] = {}
+    for index, option in enumerate(decision.options):
+        groups.setdefault(answer_text(option), []).append(index)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def split_clones(
+    option_logits: Sequence[float],
+    order: Order,
+    groups: Sequence[Sequence[int]],
+    fix: Correction,
+) -> npt.NDArray[np.float64]:
+    """Probabilities by likelihood when clones share an answer: the distribution over the
+    distinct answers (each once, computed exactly as for the question without the other
+    clones, so adding or removing a clone moves no other option by a bit), then each
+    answer's probability split evenly between its clones."""
+    twins = {index: group for group in groups for index in group}
+    first = {caller: twins.get(caller, [caller])[0] for caller in order}
+    kept = [position for position, caller in enumerate(order) if first[caller] == caller]
+    callers = sorted(order[position] for position in kept)
+    rank = {caller: reduced for reduced, caller in enumerate(callers)}
+    reduced_order = tuple(rank[order[position]] for position in kept)
+    row = log_softmax(np.asarray([option_logits[position] for position in kept], np.float64))
+    reduced = distribution([reduced_order], [row], fix)
+    split = np.empty(len(order), np.float64)
+    for caller in range(len(order)):
+        split[caller] = reduced[rank[first[caller]]] / len(twins.get(caller, [caller]))
+    return split
 
 
 def expand(

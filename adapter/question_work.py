@@ -122,11 +122,13 @@ class LikelihoodWork:
 
     def read(self, scores: Sequence[PromptScore]) -> SlotReadout:
         count = len(self.options)
+        firsts = {tuple(option): index for index, option in reversed(list(enumerate(self.options)))}
         return read_likelihood(
             [score.token_logprobs for score in scores[:count]],
             self.choice,
             neutral=self.neutral_scores(scores) if self.choice.normalization == "pmi" else None,
             top_token_id=scores[0].scored_top_token or 0,
+            distinct=sorted(firsts.values()),
         )
 
     def neutral_scores(self, scores: Sequence[PromptScore]) -> list[float]:

@@ -381,12 +381,27 @@ def test_labels_change_what_likelihood_scores_and_nothing_the_letters_read(
     assert letters[0]["probabilities"] == letters[1]["probabilities"]
 
 
-def test_two_options_with_the_same_answer_text_are_refused(client: TestClient) -> None:
-    """They would score the same whatever the evidence; the letters tell them apart by
-    position, the likelihood readout cannot."""
-    body = _ask([("a", "Refund it."), ("b", "Keep it.")])
-    body["decision"]["options"][1]["label"] = "Refund it."
-    response = client.post("/invocations", content=json.dumps(body), headers=HEADERS)
-    assert response.status_code == 400, response.text
-    assert response.json()["field"] == "decision.options"
-    assert 'options "a" and "b" have the same answer text' in response.json()["error"]
+@pytest.mark.parametrize("normalization", ["sum", "mean", "pmi"])
+def test_clones_split_one_answers_probability_and_move_no_other_option(
+    client: TestClient, normalization: str
+) -> None:
+    """Two options with the same answer text are one answer: equal scores, its probability
+    split evenly between them, every other option's probability and the answer mass
+    bit-identical to the question without the clone (the unlisted prompt does not show the
+    options, so the clone changes nothing the model reads)."""
+    alone = _ask([("a", "Refund it."), ("c", "Keep it."), ("d", "Escalate it.")])
+    cloned = _ask(
+        [("a", "Refund it."), ("b", "Pay it back."), ("c", "Keep it."), ("d", "Escalate it.")]
+    )
+    cloned["decision"]["options"][1]["label"] = "Refund it."
+    one = _post(client, {**alone, "normalization": normalization})["result"]
+    two = _post(client, {**cloned, "normalization": normalization})["result"]
+    p1 = dict(zip(one["option_ids"], one["probabilities"], strict=True))
+    p2 = dict(zip(two["option_ids"], two["probabilities"], strict=True))
+    assert p2["a"] == p2["b"]
+    assert p2["a"] + p2["b"] == p1["a"]
+    assert (p2["c"], p2["d"]) == (p1["c"], p1["d"])
+    assert two["option_logits"][0] == two["option_logits"][1]
+    assert two["allowed_token_mass"] == one["allowed_token_mass"]
+    assert two["option_clones"] == [["a", "b"]]
+    assert "option_clones" not in one
