@@ -10,6 +10,8 @@ Invoker for a running server, e.g. bench/report.py's local server) measures thre
   held, so canonical and debiased must show exactly zero;
 - prior: semif-calibrate's held-out comparison (bench.calibrate): canonical with the
   cross-fitted position prior divided out against canonical and debiased;
+- prediction sets: semif-calibrate --conformal's coverage and mean set size per coverage
+  asked, for the letters (canonical) and each likelihood normalization (bench.conformal_fit);
 - cost: as_given against debiased for 3, 5 and 8 options on states of about 150 and 1,000
   tokens, each state new to the server so its prefill is counted: evaluated tokens and the
   client's seconds per request (serial, so no queueing), medians over repeats;
@@ -43,6 +45,7 @@ import numpy as np
 from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS
 from adapter.schema import Decision, Option
 from bench.calibrate import DEFAULT_FOLDS, calibrate, score_all
+from bench.conformal_fit import format_coverage
 from bench.local import serve_model
 from bench.metrics import Answer, accuracy, brier_score, log_loss
 from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, read_answer
@@ -319,6 +322,7 @@ def run_quality(
         prompt_version=read.prompt_version,
         tasks_sha256="0" * 64,
         likelihood_version=read.likelihood_version,
+        conformal=True,
     )
     report: dict[str, Any] = {
         "schema": SCHEMA,
@@ -327,6 +331,7 @@ def run_quality(
         "prior": {"held_out": prior["held_out"], "prior_recovers": prior["prior_recovers"]},
         # semif-calibrate's held-out figures for the likelihood readout's temperatures
         "likelihood_calibration": prior["likelihood_held_out"],
+        "conformal": prior["conformal"],
         "likelihood": {
             "cost": measure_likelihood_cost(client, cost_repeats, likelihood_state),
             "answer_texts": measure_answer_texts(client, tasks),
@@ -396,6 +401,11 @@ def format_quality(report: Mapping[str, Any]) -> str:
         lines.append(f"{name:<28}{row['accuracy']:>7.3f}{row['nll']:>8.3f}{row['brier']:>8.3f}")
     if "listed" in likelihood:
         lines += ["", "listed", *format_likelihood_cost(likelihood["listed"]["cost"])]
+    lines += [
+        "",
+        "prediction sets (held out, random halves)",
+        *format_coverage(report["conformal"]),
+    ]
     return "\n".join(lines)
 
 

@@ -124,6 +124,15 @@ def test_a_run_shows_canonical_and_debiased_invariant(tiny_model_dir: Path) -> N
     assert "unlisted name mean" in short
     calibrated = report["likelihood_calibration"]["likelihood mean"]
     assert set(calibrated) == {"uncalibrated", "calibrated"}
+    # Prediction sets for the letters and every normalization, each coverage and method.
+    assert set(report["conformal"]) == {
+        "letters",
+        "likelihood:sum",
+        "likelihood:mean",
+        "likelihood:pmi",
+    }
+    assert set(report["conformal"]["letters"]["0.9"]) == {"lac", "aps"}
+    assert "prediction sets (held out" in text
 
 
 def test_answer_texts_label_options_by_id_or_by_its_words() -> None:
