@@ -13,8 +13,8 @@ from typing import Any
 
 from adapter.calibration import conformal_scores, describe, prediction_set_fields
 from adapter.cancel import Cancellation
-from adapter.ordering import Variants, clone_groups
-from adapter.prompts import PROMPT_VERSION, prompt_sha256
+from adapter.ordering import Variants
+from adapter.prompts import PROMPT_VERSION, answer_clones, prompt_sha256
 from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy, decision_paths
 from adapter.service import DecisionService
 
@@ -64,7 +64,7 @@ def decide(
                 reason = "prediction_set"  # acting on it would break the promise
         ids = variant.decision.option_ids
         # Options sharing an answer text, whose probability is split between them.
-        clones = clone_groups(variant.decision) if choice.likelihood else []
+        clones = answer_clones(variant.decision) if choice.likelihood else []
         shared = {"option_clones": [[ids[i] for i in group] for group in clones]} if clones else {}
         results.append(
             {

@@ -24,6 +24,7 @@ from adapter.prompts import (
     ChatTemplate,
     RenderedPrompt,
     TemplateRenderError,
+    answer_clones,
     answer_text,
     render_likelihood_prompt,
     render_neutral_prompt,
@@ -90,7 +91,8 @@ class OptionBranches:
             neutral = (start, known)
             if after != options:  # the same words after either prompt, or pmi is not defined
                 raise RequestError(path, "an option tokenizes differently after the neutral prompt")
-        return LikelihoodWork.of(prompt.text, branches, options, choice, cuts, neutral)
+        clones = answer_clones(decision)
+        return LikelihoodWork.of(prompt.text, branches, options, choice, cuts, neutral, clones)
 
     def remember(
         self, works: Sequence[QuestionWork], scores: Sequence[Sequence[PromptScore]]

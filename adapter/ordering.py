@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from adapter.calibration import Correction, correction, likelihood_correction
 from adapter.likelihood import LETTERS, ReadoutChoice
-from adapter.prompts import answer_text
+from adapter.prompts import answer_clones
 from adapter.readout import SlotReadout, corrected, log_mean, log_softmax
 from adapter.schema import Decision, Option
 from model_build.calibration import Calibration, OptionOrder, QuestionKind
@@ -174,7 +174,7 @@ class Variants:
         """Combine this decision's prompts' readouts, then apply its correction."""
         first, first_order = readouts[0], self.orders[0]
         rows = [position_log_probabilities(readout) for readout in readouts]
-        groups = clone_groups(self.decision) if self.readout.likelihood else []
+        groups = answer_clones(self.decision) if self.readout.likelihood else []
         if groups:
             probabilities = split_clones(first.option_logits, first_order, groups, self.correction)
         else:
@@ -188,15 +188,6 @@ class Variants:
             input_tokens=sum(tokens),
             prompts=len(readouts),
         )
-
-
-def clone_groups(decision: Decision) -> list[list[int]]:
-    """Options the likelihood readout cannot tell apart (the same answer text: label, else
-    description), as groups of caller indexes, first first; only groups of two or more."""
-    groups: dict[str, list[int]] = {}
-    for index, option in enumerate(decision.options):
-        groups.setdefault(answer_text(option), []).append(index)
-    return [group for group in groups.values() if len(group) > 1]
 
 
 def split_clones(

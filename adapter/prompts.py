@@ -229,6 +229,16 @@ def answer_text(option: Option) -> str:
     return (option.label or option.description).strip()
 
 
+def answer_clones(decision: Decision) -> list[list[int]]:
+    """Options the likelihood readout cannot tell apart (the same answer text), as groups of
+    option indexes, first first; only groups of two or more. The one definition of a clone:
+    the branches score them once, the reading splits their answer's probability."""
+    groups: dict[str, list[int]] = {}
+    for index, option in enumerate(decision.options):
+        groups.setdefault(answer_text(option), []).append(index)
+    return [group for group in groups.values() if len(group) > 1]
+
+
 def likelihood_messages(
     decision: Decision, listing: Listing, *, marked: bool = False
 ) -> list[dict[str, str]]:

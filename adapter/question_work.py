@@ -93,6 +93,7 @@ class LikelihoodWork:
     choice: ReadoutChoice
     options: list[list[int]]  # each option's scored tokens (its own and the end of turn)
     neutral: list[float | None]  # known neutral scores (pmi), None where a branch asks
+    distinct: list[int]  # one option per answer text (clones share one: answer_clones)
 
     @classmethod
     def of(
@@ -103,6 +104,7 @@ class LikelihoodWork:
         choice: ReadoutChoice,
         boundaries: tuple[int, ...],
         neutral: tuple[list[int], list[float | None]] | None = None,
+        clones: Sequence[Sequence[int]] = (),
     ) -> LikelihoodWork:
         """`branches[i]` is the prompt followed by `options[i]`; `neutral` the neutral
         prompt's tokens and each option's known neutral score (pmi only)."""
@@ -118,17 +120,18 @@ class LikelihoodWork:
                 for option, score in zip(options, known, strict=True)
                 if score is None
             ]
-        return cls(text, entries, choice, options, known)
+        repeats = {index for group in clones for index in group[1:]}
+        distinct = [index for index in range(len(options)) if index not in repeats]
+        return cls(text, entries, choice, options, known, distinct)
 
     def read(self, scores: Sequence[PromptScore]) -> SlotReadout:
         count = len(self.options)
-        firsts = {tuple(option): index for index, option in reversed(list(enumerate(self.options)))}
         return read_likelihood(
             [score.token_logprobs for score in scores[:count]],
             self.choice,
             neutral=self.neutral_scores(scores) if self.choice.normalization == "pmi" else None,
             top_token_id=scores[0].scored_top_token or 0,
-            distinct=sorted(firsts.values()),
+            distinct=self.distinct,
         )
 
     def neutral_scores(self, scores: Sequence[PromptScore]) -> list[float]:

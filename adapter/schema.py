@@ -142,11 +142,19 @@ def parse_policy(entry: dict[str, Any]) -> Policy:
         if "normalization" in entry
         else None,
         coverage=coverage(entry),
-        coverage_method=cast(
-            ConformalMethod, fields.one_of(entry["coverage_method"], "coverage_method", METHODS)
-        )
-        if "coverage_method" in entry
-        else "lac",
+        coverage_method=coverage_method(entry),
+    )
+
+
+def coverage_method(
+    entry: dict[str, Any], shape_error: fields.ShapeError = RequestError
+) -> ConformalMethod:
+    """`lac` (the default) or `aps`; the System One parser shares it."""
+    if "coverage_method" not in entry:
+        return "lac"
+    return cast(
+        ConformalMethod,
+        fields.one_of(entry["coverage_method"], "coverage_method", METHODS, shape_error),
     )
 
 

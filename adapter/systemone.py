@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 from adapter import fields
 from adapter.calibration import conformal_scores, prediction_set_fields
@@ -44,12 +44,13 @@ from adapter.schema import (
     Decision,
     Option,
     coverage,
+    coverage_method,
     normalization,
     option_order,
     readout_method,
 )
 from model_build.calibration import Normalization, OptionOrder
-from model_build.conformal import METHODS, ConformalMethod
+from model_build.conformal import ConformalMethod
 
 if TYPE_CHECKING:  # the parser loads no model (the JSON Lines planner uses it)
     from adapter.service import DecisionService, ScoredBatch
@@ -193,12 +194,7 @@ def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
         if "normalization" in entry
         else None,
         coverage=coverage(entry),
-        coverage_method=cast(
-            ConformalMethod,
-            fields.one_of(entry["coverage_method"], "coverage_method", METHODS, SchemaError),
-        )
-        if "coverage_method" in entry
-        else "lac",
+        coverage_method=coverage_method(entry, SchemaError),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from adapter.backends import cpu_backend
 from adapter.core.engine import LlamaEngine
@@ -11,24 +12,10 @@ from adapter.runtime import LoadedModel, prepare_model
 from adapter.service import DecisionService
 
 
-def open_test_model(
-    gguf: Path,
-    *,
-    stream_cells: int = 4096,
-    max_branches: int = 16,
-    prefix_reuse: bool = True,
-    threads: int = 2,
-    kv_budget: KvBudget | None = None,
-) -> LoadedModel:
-    engine = open_engine(
-        gguf,
-        stream_cells=stream_cells,
-        max_branches=max_branches,
-        prefix_reuse=prefix_reuse,
-        threads=threads,
-        kv_budget=kv_budget,
-    )
-    return prepare_model(engine)
+def open_test_model(gguf: Path, **options: Any) -> LoadedModel:
+    """The engine as `open_engine` opens it (the same `options`), made servable as the
+    server makes it: template compiled, labels probed."""
+    return prepare_model(open_engine(gguf, **options))
 
 
 def open_engine(
