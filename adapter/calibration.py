@@ -3,9 +3,10 @@
 The calibration comes from the model's manifest (format: `model_build.calibration`, fitted
 by `semif-calibrate`). It was fitted on distributions read one way, so it is applied only
 where a question is read that way:
-- the temperature of a question's kind (the decision API's decisions are "choice") applies
-  when the question is scored in the option order the calibration was fitted under; a score
-  question is scored in its own order in every mode, so its temperature always applies;
+- the temperature of a question's kind (the decision API's decisions are "choice", or
+  "multi_label") applies when the question is scored in the option order the calibration
+  was fitted under; a score question is scored in its own order in every mode, and a
+  multi-label question's options each alone, so their temperatures always apply;
 - the position prior for the question's option count is divided out in `canonical` mode
   only: `as_given` is the reference behaviour, `debiased` averages positions out itself,
   and an ordinal score question's positions are its levels, not a bias.
@@ -33,10 +34,15 @@ from model_build.calibration import Calibration, Normalization, OptionOrder, Que
 from model_build.conformal import (
     ConformalMethod,
     ConformalScores,
+    applies_set,
     fewest_scores,
     prediction_set,
     threshold,
 )
+
+# Kinds read in one order whatever the mode: a score question's levels in their order, a
+# multi-label question's options each alone (its temperature acts on each option's log-odds).
+ORDER_FREE_KINDS: tuple[QuestionKind, ...] = ("score", "multi_label")
 
 
 class CalibrationMismatchError(RuntimeError):
@@ -87,12 +93,12 @@ def correction(
     in `mode` (see the module docstring for when each applies)."""
     if calibration is None:
         return NONE
-    ordinal = kind == "score"
-    applies = ordinal or mode == calibration.option_order
+    own_order = kind in ORDER_FREE_KINDS
+    applies = own_order or mode == calibration.option_order
     prior = calibration.position_prior.get(option_count)
     return Correction(
         temperature=calibration.temperature(kind) if applies else 1.0,
-        prior=prior if mode == "canonical" and not ordinal else None,
+        prior=prior if mode == "canonical" and not own_order else None,
         applied=applies,
     )
 
@@ -129,8 +135,9 @@ def readout_key(choice: ReadoutChoice) -> str:
 def conformal_scores(
     calibration: Calibration | None, choice: ReadoutChoice, kind: QuestionKind, order: OptionOrder
 ) -> ConformalScores:
-    """The held-out scores a set for this readout, kind and option order is drawn from; a
-    400 naming what is missing when the calibration has none (before anything is scored)."""
+    """The held-out scores a set for this readout, kind and option order is drawn from (a
+    multi-label question's, in any order: each option is read alone); a 400 naming what is
+    missing when the calibration has none (before anything is scored)."""
     key = readout_key(choice)
     section = calibration.conformal.get(key) if calibration is not None else None
     if section is None or kind not in section.scores:
@@ -140,7 +147,7 @@ def conformal_scores(
             "questions; fit one with semif-calibrate --conformal and build the model with it "
             "(model-build --calibration FILE), or leave coverage out",
         )
-    if section.option_order != order:
+    if section.option_order != order and kind not in ORDER_FREE_KINDS:
         raise RequestError(
             "coverage",
             f"the conformal section for readout {key} was fitted in option order "
@@ -155,13 +162,17 @@ def prediction_set_fields(
     coverage: float,
     option_ids: Sequence[str],
     probabilities: Sequence[float],
+    *,
+    each_alone: bool = False,
 ) -> dict[str, Any]:
     """A result's prediction set (option ids in the caller's order) and what it promises:
     `complete` is true when the calibration held too few questions to leave any option out
-    at this coverage (the set is then every option)."""
+    at this coverage (the set is then every option). `each_alone` (a multi-label question:
+    `probabilities` each an option's own): the options whose "applies" is within the
+    threshold (model_build.conformal.applies_set)."""
     held = scores.by_method[method]
     limit = threshold(held, coverage)
-    members = prediction_set(method, probabilities, limit)
+    members = (applies_set if each_alone else prediction_set)(method, probabilities, limit)
     return {
         "prediction_set": [option_ids[index] for index in members],
         "set_size": len(members),

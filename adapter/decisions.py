@@ -2,8 +2,9 @@
 
 Each API shapes its own wire format beside its parser (this module with adapter/schema.py,
 adapter/systemone.py, adapter/chat.py); the service (adapter/service.py) only renders,
-limits and scores. Every decision is read as a "choice" question, by letters or by
-likelihood (adapter.likelihood) as the policy or the server's default says.
+limits and scores. A decision is read as its kind says: a "choice" by letters or by
+likelihood (adapter.likelihood) as the policy or the server's default says, a
+"multi_label" question by letters, a prompt per option (adapter.multi_label).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from adapter.calibration import conformal_scores, describe, prediction_set_fields
 from adapter.cancel import Cancellation
+from adapter.multi_label import answer_fields, confidence
 from adapter.ordering import Variants
 from adapter.prompts import PROMPT_VERSION, answer_clones, prompt_sha256
 from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy, decision_paths
@@ -34,13 +36,16 @@ def decide(
     choice = policy.readout_choice(service.readout)
     # Read by likelihood, options are always listed in the content-derived order.
     order = "canonical" if choice.likelihood else policy.option_order or service.option_order
-    variants = [Variants.of(d, "choice", order, service.calibration, choice) for d in decisions]
-    scores = (
-        None
-        if policy.coverage is None
-        else conformal_scores(service.calibration, choice, "choice", order)
-    )
-    version = service.likelihood_prompt_version if choice.likelihood else PROMPT_VERSION
+    variants = [Variants.of(d, d.kind, order, service.calibration, choice) for d in decisions]
+    # The held-out scores each kind asked for draws its sets from (a 400 before scoring
+    # when the calibration has none).
+    scores = {
+        variant.kind: conformal_scores(
+            service.calibration, variant.readout, variant.kind, variant.mode
+        )
+        for variant in variants
+        if policy.coverage is not None
+    }
     paths = decision_paths(mode, len(decisions))
     readings, batch = service.read_variants(variants, paths, cancel, retry_token=retry_token)
     results = []
@@ -50,22 +55,30 @@ def decide(
         # shared with other prompts count for each; the request's timing counts them once).
         reused = sum(batch.reused_tokens[offset : offset + reading.prompts])
         offset += reading.prompts
-        reason = policy.abstain_reason(reading.probabilities, reading.allowed_token_mass)
-        conformal: dict[str, Any] = {}
-        if scores is not None and policy.coverage is not None:
-            conformal = prediction_set_fields(
-                scores,
+        multi = variant.kind == "multi_label"
+        read = variant.readout
+        sure = confidence(reading.probabilities) if multi else max(reading.probabilities)
+        reason = policy.abstain_reason(sure, reading.allowed_token_mass)
+        extra = answer_fields(variant.decision, reading.probabilities) if multi else {}
+        if policy.coverage is not None:
+            extra |= prediction_set_fields(
+                scores[variant.kind],
                 policy.coverage_method,
                 policy.coverage,
                 variant.decision.option_ids,
                 reading.probabilities,
+                each_alone=multi,
             )
-            if reason is None and conformal["set_size"] != 1:
-                reason = "prediction_set"  # acting on it would break the promise
+            # Acting on a choice's set of more than one would break the promise; a
+            # multi-label set is the options that may apply, of any size.
+            if reason is None and extra["set_size"] != 1 and not multi:
+                reason = "prediction_set"
         ids = variant.decision.option_ids
         # Options sharing an answer text, whose probability is split between them.
-        clones = answer_clones(variant.decision) if choice.likelihood else []
-        shared = {"option_clones": [[ids[i] for i in group] for group in clones]} if clones else {}
+        clones = answer_clones(variant.decision) if read.likelihood else []
+        if clones:
+            extra["option_clones"] = [[ids[i] for i in group] for group in clones]
+        version = service.likelihood_prompt_version if read.likelihood else PROMPT_VERSION
         results.append(
             {
                 "id": variant.decision.id,
@@ -76,16 +89,15 @@ def decide(
                 "top_token": service.piece(reading.top_token_id),
                 "abstained": reason is not None,
                 "abstain_reason": reason,
-                **conformal,
-                **shared,
-                "option_order": order,
+                **extra,
+                "option_order": variant.mode,
                 "calibration": describe(service.calibration, variant.correction),
                 "input_tokens": reading.input_tokens,
                 "prompt_sha256": prompt_sha256(reading.prompt),
                 "prompt_version": version,
-                "readout": choice.method,
-                "normalization": choice.normalization if choice.likelihood else None,
-                "readout_detail": choice.describe(),
+                "readout": read.method,
+                "normalization": read.normalization if read.likelihood else None,
+                "readout_detail": read.describe(),
                 "timing": {
                     "prompts": reading.prompts,
                     "evaluated_tokens": reading.input_tokens - reused,

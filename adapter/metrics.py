@@ -111,7 +111,7 @@ class Metrics:
         )
         self.questions = Counter(
             "semif_questions",
-            "Questions scored, by kind (choice, noul, score) and option-order mode",
+            "Questions scored, by kind (choice, noul, score, multi_label) and option-order mode",
             ["kind", "option_order"],
             registry=registry,
         )

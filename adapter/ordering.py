@@ -34,7 +34,13 @@ import numpy.typing as npt
 from adapter.calibration import Correction, correction, likelihood_correction
 from adapter.likelihood import LETTERS, ReadoutChoice
 from adapter.prompts import answer_clones
-from adapter.readout import SlotReadout, corrected, log_mean, log_softmax
+from adapter.readout import (
+    SlotReadout,
+    applies_probabilities,
+    corrected,
+    log_mean,
+    log_softmax,
+)
 from adapter.schema import Decision, Option
 from model_build.calibration import Calibration, OptionOrder, QuestionKind
 
@@ -159,7 +165,13 @@ class Variants:
         """A question of `kind` read in `mode` under the model's calibration. Read by
         likelihood, one prompt lists the options in the canonical order whatever `mode`
         says (order-invariant by construction), with the calibration's likelihood
-        temperature for its normalization and kind."""
+        temperature for its normalization and kind. A multi-label question is read by
+        letters, a prompt per option (adapter.multi_label), in the caller's order: each
+        option's prompt shows it alone."""
+        if decision.kind == "multi_label":  # each option alone: no order to choose
+            fix = correction(calibration, "multi_label", mode, len(decision.options))
+            identity = tuple(range(len(decision.options)))
+            return cls(decision, (identity,), fix, "multi_label", "as_given")
         if readout.likelihood:
             order = canonical_order(decision.options)
             fix = likelihood_correction(calibration, kind, readout.normalization)
@@ -175,7 +187,10 @@ class Variants:
         first, first_order = readouts[0], self.orders[0]
         rows = [position_log_probabilities(readout) for readout in readouts]
         groups = answer_clones(self.decision) if self.readout.likelihood else []
-        if groups:
+        if self.decision.kind == "multi_label":
+            temperature = self.correction.temperature
+            probabilities = applies_probabilities(first.option_logits, temperature=temperature)
+        elif groups:
             probabilities = split_clones(first.option_logits, first_order, groups, self.correction)
         else:
             probabilities = distribution(self.orders, rows, self.correction)

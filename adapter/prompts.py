@@ -62,6 +62,15 @@ UNLISTED_SYSTEM_PROMPT = (
     "reply with the answer only, in as few words as possible."
 )
 UNLISTED_INSTRUCTION = "Reply with the answer only."
+# A multi-label question (adapter.multi_label): one prompt per option, the option judged on
+# its own, answered A (it applies) or B (it does not). PROMPT_VERSION names both letter
+# prompts (a choice's and a multi-label option's): a change to either bumps it, so a
+# calibration fitted on either is refused when stale.
+MULTI_LABEL_SYSTEM_PROMPT = (
+    "You are a decision model. Apply the criterion in the question to the evidence and "
+    "decide whether the one option shown applies. Reply with the letter only."
+)
+APPLIES_LABELS = ("A", "B")  # A: the option applies; B: it does not
 
 
 # Lone surrogates: valid requests cannot contain them (adapter.http refuses them).
@@ -223,6 +232,31 @@ def decision_messages(decision: Decision, *, marked: bool = False) -> list[dict[
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
 
 
+def multi_label_messages(
+    decision: Decision, option: Option, *, marked: bool = False
+) -> list[dict[str, str]]:
+    """The turns that ask whether one option of a multi-label question applies: the
+    evidence and the question lead, as in every prompt about the state, then this option
+    alone, so no other option can move its answer (the prompt is a branch of the shared
+    state at the option's start)."""
+
+    def user(text: str) -> str:
+        return mark_user_text(text) if marked else text
+
+    yes, no = APPLIES_LABELS
+    content = (
+        f"Evidence:\n{user(decision.state_text)}\n\n"
+        f"Question: {user(decision.question)}\n\n"
+        f"Option: {user(option.description)}\n\n"
+        f"Does this option apply?\n{yes}. Yes\n{no}. No\n\n"
+        f"{_answer_instruction(APPLIES_LABELS)}"
+    )
+    return [
+        {"role": "system", "content": MULTI_LABEL_SYSTEM_PROMPT},
+        {"role": "user", "content": content},
+    ]
+
+
 def answer_text(option: Option) -> str:
     """The words the likelihood readout scores as an option's answer: its `label` when it
     has one (a short name: fewer rows per branch), else its description."""
@@ -315,6 +349,12 @@ def render_likelihood_prompt(
     template: ChatTemplate, decision: Decision, listing: Listing
 ) -> RenderedPrompt:
     return render_marked(template, likelihood_messages(decision, listing, marked=True))
+
+
+def render_multi_label_prompt(
+    template: ChatTemplate, decision: Decision, option: Option
+) -> RenderedPrompt:
+    return render_marked(template, multi_label_messages(decision, option, marked=True))
 
 
 def render_neutral_prompt(template: ChatTemplate, listing: Listing) -> RenderedPrompt:

@@ -1,10 +1,12 @@
 """What one question sends to the engine and how its scores become a readout.
 
 A question is read by letters (adapter.readout: one prompt, the label continuations of its
-two-token labels) or by likelihood (adapter.likelihood: one prompt and a branch per option,
-plus, for `pmi`, a branch per option after the neutral prompt unless the service already
-knows that option's neutral score). The service flattens every question's entries into one
-scheduler job and hands each question back the scores of its own entries, in order.
+two-token labels), as a multi-label question (a prompt per option, each read as applies
+or not: adapter.multi_label) or by likelihood (adapter.likelihood: one prompt and a branch
+per option, plus, for `pmi`, a branch per option after the neutral prompt unless the
+service already knows that option's neutral score). The service flattens every question's
+entries into one scheduler job and hands each question back the scores of its own entries,
+in order.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from adapter.likelihood import ReadoutChoice, read_likelihood
-from adapter.readout import SlotReadout, read_labels
+from adapter.readout import SlotReadout, applies_probabilities, read_labels
 
 
 class PromptScore(Protocol):
@@ -149,7 +151,38 @@ class LikelihoodWork:
         return sum(score.reused_tokens for score in scores)
 
 
-QuestionWork = LetterWork | LikelihoodWork
+@dataclass(frozen=True)
+class MultiLabelWork:
+    """A multi-label question: a prompt per option (a branch of the shared state, the option
+    alone after it: adapter.prompts.multi_label_messages), each read at its answer slot as
+    A (applies) against B (does not). Options with equal descriptions have equal prompts,
+    which the engine scores once."""
+
+    text: str  # the first option's prompt
+    entries: list[Entry]
+    labels: list[tuple[int, ...]]  # A, B: one token each (checked at load)
+
+    def read(self, scores: Sequence[PromptScore]) -> SlotReadout:
+        """Per option, in the caller's order: `option_logits` its log-odds of applying,
+        `probabilities` their uncalibrated probabilities (they need not sum to 1), the mass
+        the mean over its prompts' A and B mass."""
+        readouts = [read_labels(score.logits, {}, self.labels) for score in scores]
+        log_odds = [readout.option_logits[0] - readout.option_logits[1] for readout in readouts]
+        return SlotReadout(
+            option_logits=log_odds,
+            probabilities=[float(p) for p in applies_probabilities(log_odds)],
+            allowed_token_mass=float(np.mean([r.allowed_token_mass for r in readouts])),
+            top_token_id=readouts[0].top_token_id,
+        )
+
+    def input_tokens(self) -> int:
+        return sum(len(entry.tokens) for entry in self.entries)
+
+    def reused_tokens(self, scores: Sequence[PromptScore]) -> int:
+        return sum(score.reused_tokens for score in scores)
+
+
+QuestionWork = LetterWork | LikelihoodWork | MultiLabelWork
 
 
 def in_chunks(entries: Sequence[Entry], chunk: int) -> list[tuple[Entry, bool]]:

@@ -68,6 +68,18 @@ def corrected(
     return softmax(scores / temperature)
 
 
+def applies_probabilities(
+    log_odds: npt.ArrayLike, *, temperature: float = 1.0
+) -> npt.NDArray[np.float64]:
+    """Each option's own probability of applying, from its log-odds (applies against not),
+    the temperature dividing them: option by option, so no option moves another's. The
+    same as `corrected` over the two answers of one option's prompt."""
+    scaled = np.asarray(log_odds, np.float64) / temperature
+    tail = np.exp(-np.abs(scaled))  # the logistic function, never overflowing
+    result: npt.NDArray[np.float64] = np.where(scaled >= 0, 1 / (1 + tail), tail / (1 + tail))
+    return result
+
+
 def log_probabilities(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
     """Full-vocabulary log-softmax, refusing NaN or infinite logits."""
     full = logits.astype(np.float64)

@@ -14,12 +14,16 @@ server's SEMIF_READOUT and SEMIF_NORMALIZATION when absent): a likelihood questi
 declare up to MAX_LIKELIHOOD_OPTIONS options, a letter question MAX_OPTIONS. An option may
 carry a `label` (up to MAX_LABEL_CHARS): the words the likelihood readout scores as its
 answer instead of its description; the letter readout does not read it.
+
+A decision's `kind` is `choice` (one option is the answer; the default) or `multi_label`
+(each option judged on its own as applying or not: adapter.multi_label), whose options may
+carry a `threshold` (the probability from which an option is said to apply, 0.5 when
+absent) and may number from 1 to MAX_MULTI_LABEL_OPTIONS whatever the readout.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -39,7 +43,13 @@ MIN_OPTIONS = 2
 MAX_OPTIONS = 16
 MAX_ID_CHARS = 256
 MAX_LABEL_CHARS = 256  # an option's likelihood answer text: a short name, not a paragraph
+# Each option of a multi-label question is a prompt of its own (a branch of the shared
+# state): the request token budget binds first; the cap keeps a request's plan small.
+MAX_MULTI_LABEL_OPTIONS = 255
+DEFAULT_THRESHOLD = 0.5  # a multi-label option applies from this probability on
 Mode = Literal["single", "shared"]
+DecisionKind = Literal["choice", "multi_label"]
+DECISION_KINDS: tuple[DecisionKind, ...] = ("choice", "multi_label")
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class Option:
     # The words the likelihood readout scores as this option's answer instead of the
     # description (adapter.prompts.answer_text); the letter readout does not read it.
     label: str | None = None
+    # multi_label only: the probability from which this option is said to apply.
+    threshold: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class Decision:
     state: JsonState
     question: str
     options: tuple[Option, ...]
+    kind: DecisionKind = "choice"
 
     @property
     def state_text(self) -> str:
@@ -91,12 +104,14 @@ class Policy:
             self.readout or default.method, self.normalization or default.normalization
         )
 
-    def abstain_reason(self, probabilities: Sequence[float], mass: float) -> str | None:
+    def abstain_reason(self, confidence: float, mass: float) -> str | None:
         """The threshold a reading falls below (the letter mass first: when the model
-        wanted to say something else, its option probabilities mean little), else None."""
+        wanted to say something else, its option probabilities mean little), else None.
+        `confidence`: a choice's top probability; a multi-label question's least decided
+        option's (adapter.multi_label.confidence)."""
         if self.min_allowed_token_mass is not None and mass < self.min_allowed_token_mass:
             return "min_allowed_token_mass"
-        if self.min_confidence is not None and max(probabilities) < self.min_confidence:
+        if self.min_confidence is not None and confidence < self.min_confidence:
             return "min_confidence"
         return None
 
@@ -120,12 +135,14 @@ def option_order(
     return cast(OptionOrder, fields.one_of(value, path, OPTION_ORDERS, shape_error))
 
 
-def _fraction(entry: dict[str, Any], key: str) -> float | None:
+def fraction(entry: dict[str, Any], key: str, path: str | None = None) -> float | None:
+    """`entry[key]` as a number from 0 to 1 (None when absent); errors name `path`, the key
+    by default."""
     if key not in entry:
         return None
     value = entry[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise RequestError(key, "must be a number from 0 to 1")
+        raise RequestError(path or key, "must be a number from 0 to 1")
     return float(value)
 
 
@@ -135,8 +152,8 @@ def parse_policy(entry: dict[str, Any]) -> Policy:
         option_order=option_order(entry["option_order"], "option_order")
         if "option_order" in entry
         else None,
-        min_confidence=_fraction(entry, "min_confidence"),
-        min_allowed_token_mass=_fraction(entry, "min_allowed_token_mass"),
+        min_confidence=fraction(entry, "min_confidence"),
+        min_allowed_token_mass=fraction(entry, "min_allowed_token_mass"),
         readout=readout_method(entry["readout"], "readout") if "readout" in entry else None,
         normalization=normalization(entry["normalization"], "normalization")
         if "normalization" in entry
@@ -161,7 +178,7 @@ def coverage_method(
 def coverage(entry: dict[str, Any]) -> float | None:
     """The coverage a prediction set promises: strictly between 0 and 1 (a set that must
     hold the right option always is every option; one that never need is empty)."""
-    value = _fraction(entry, "coverage")
+    value = fraction(entry, "coverage")
     if value is not None and not 0 < value < 1:
         raise RequestError("coverage", "must be a number between 0 and 1, both excluded")
     return value
@@ -179,18 +196,27 @@ def normalization(
     return cast(Normalization, fields.one_of(value, path, NORMALIZATIONS, shape_error))
 
 
-def _options(container: dict[str, Any], path: str, max_options: int) -> tuple[Option, ...]:
+def _options(
+    container: dict[str, Any], path: str, bounds: tuple[int, int], *, thresholds: bool
+) -> tuple[Option, ...]:
+    """The options (`bounds`: how few and how many); `thresholds`: whether an option may
+    carry one (multi-label questions only)."""
     options_path = f"{path}.options"
     raw = fields.required(container, "options", path)
     if not isinstance(raw, list):
         raise RequestError(options_path, "must be an array")
-    fields.count(raw, options_path, MIN_OPTIONS, max_options, "options")
+    fields.count(raw, options_path, *bounds, "options")
+    allowed = ("id", "description", "label", *(("threshold",) if thresholds else ()))
     options: list[Option] = []
     seen: set[str] = set()
     for index, item in enumerate(raw):
         item_path = f"{options_path}[{index}]"
         entry = fields.json_object(item, item_path)
-        fields.only_fields(entry, item_path, ("id", "description", "label"))
+        if "threshold" in entry and not thresholds:
+            raise RequestError(
+                f"{item_path}.threshold", 'only options of a "multi_label" question take one'
+            )
+        fields.only_fields(entry, item_path, allowed)
         id_path = f"{item_path}.id"
         option_id = fields.text(
             fields.required(entry, "id", item_path), id_path, max_chars=MAX_ID_CHARS
@@ -207,20 +233,31 @@ def _options(container: dict[str, Any], path: str, max_options: int) -> tuple[Op
                 None
                 if label is None
                 else fields.text(label, f"{item_path}.label", max_chars=MAX_LABEL_CHARS),
+                fraction(entry, "threshold", f"{item_path}.threshold"),
             )
         )
     return tuple(options)
 
 
 def parse_decision(value: Any, path: str, max_options: int = MAX_OPTIONS) -> Decision:
-    """Validate one decision object found at `path` (up to `max_options` options)."""
+    """Validate one decision object found at `path` (a choice: up to `max_options`
+    options; a multi-label question: 1 to MAX_MULTI_LABEL_OPTIONS)."""
     entry = fields.json_object(value, path)
-    fields.only_fields(entry, path, ("id", "state", "question", "options"))
+    fields.only_fields(entry, path, ("id", "state", "question", "options", "kind"))
+    kind = cast(
+        DecisionKind,
+        fields.one_of(entry["kind"], f"{path}.kind", DECISION_KINDS)
+        if "kind" in entry
+        else "choice",
+    )
+    multi = kind == "multi_label"
+    bounds = (1, MAX_MULTI_LABEL_OPTIONS) if multi else (MIN_OPTIONS, max_options)
     return Decision(
         id=fields.text(fields.required(entry, "id", path), f"{path}.id", max_chars=MAX_ID_CHARS),
         state=fields.state(fields.required(entry, "state", path), f"{path}.state"),
         question=fields.text(fields.required(entry, "question", path), f"{path}.question"),
-        options=_options(entry, path, max_options),
+        options=_options(entry, path, bounds, thresholds=multi),
+        kind=kind,
     )
 
 

@@ -43,6 +43,7 @@ from adapter.metrics import Metrics
 from adapter.option_branches import OptionBranches
 from adapter.ordering import Reading, Variants, expand, read
 from adapter.prompts import (
+    APPLIES_LABELS,
     LIKELIHOOD_PROMPT_VERSIONS,
     ChatTemplate,
     RenderedPrompt,
@@ -50,14 +51,16 @@ from adapter.prompts import (
     answer_labels,
     render_chat_prompt,
     render_decision_prompt,
+    render_multi_label_prompt,
 )
-from adapter.question_work import Entry, LetterWork, in_chunks
+from adapter.question_work import Entry, LetterWork, MultiLabelWork, QuestionWork, in_chunks
 from adapter.readout import NonFiniteLogitsError, SlotReadout
 from adapter.schema import Decision, Mode, decision_paths
 from adapter.settings import QueueLimits
 from model_build.calibration import Calibration, OptionOrder
 
 T = TypeVar("T")
+PROMPT_HINT = "; shorten the state, question or options"  # after a prompt over the limit
 
 
 @dataclass
@@ -122,6 +125,7 @@ class DecisionService:
             template=lambda: self.template,
             listing=lambda: self.listing,
             tokenize=self.tokenize_prompt,
+            cut=self.engine.vocab.prompt_cut,
             boundaries=self._boundaries,
             end_of_turn=self._end_of_turn,
             max_tokens=self.max_tokens,
@@ -279,30 +283,36 @@ class DecisionService:
                 prompt = render_decision_prompt(self.template, decision)
             except (TemplateRenderError, ValueError) as error:
                 raise RequestError(path, str(error)) from None
-            hint = "; shorten the state, question or options"
-            prompts.append((prompt, self.tokenize_prompt(prompt, path, hint)))
+            prompts.append((prompt, self.tokenize_prompt(prompt, path, PROMPT_HINT)))
         return prompts
 
-    def _boundaries(self, prompt: RenderedPrompt, tokens: list[int]) -> tuple[int, ...]:
+    def _boundaries(
+        self, prompt: RenderedPrompt, tokens: list[int], *, branched: bool = False
+    ) -> tuple[int, ...]:
         """Where the prompt's system turn ends and where its question starts (after the
         state and the template's text before the question), in tokens: the prefixes later
-        prompts share (another state; another question about this one). Only a model whose
-        memory keeps whole streams needs them (the layout keeps checkpoints there); none
-        otherwise. A prefix's tokens are counted as far as they agree with the prompt's."""
+        prompts share (another state; another question about this one); `branched` (a
+        multi-label option's prompt), also where its option starts (the prefix every
+        option of the question shares). Only a model whose memory keeps whole streams needs
+        them (the layout keeps checkpoints there); none otherwise. A prefix's tokens are
+        counted as far as they agree with the prompt's."""
         spans = prompt.user_spans
         if not self.engine.recurrent or not spans:
             return ()
+        offsets = [spans[0][0], spans[1][0] if len(spans) > 1 else spans[0][1]]
+        if branched and len(spans) > 2:
+            offsets.append(spans[2][0])
         cuts = []
-        for offset in (spans[0][0], spans[1][0] if len(spans) > 1 else spans[0][1]):
+        for offset in offsets:
             head_spans = [(a, min(b, offset)) for a, b in spans if a < offset]
             with self._vocabulary() as engine:
                 head = engine.vocab.tokenize_prompt(prompt.text[:offset], head_spans)
             cuts.append(common_prefix_length(head, tokens))
         return tuple(cuts)
 
-    def _labels(self, decision: Decision, path: str) -> list[tuple[int, ...]]:
+    def _labels(self, labels: Sequence[str], path: str) -> list[tuple[int, ...]]:
         try:
-            return self.labels.token_ids(answer_labels(len(decision.options)))
+            return self.labels.token_ids(labels)
         except LabelError as error:
             raise RequestError(path, str(error)) from None
 
@@ -333,9 +343,7 @@ class DecisionService:
             self.scheduler.check_room(retry_token)
         choices = readouts or [LETTERS] * len(decisions)
         works = [
-            self._branches.work(decision, path, choice)
-            if choice.likelihood
-            else self._letter_work(decision, path)
+            self._work(decision, path, choice)
             for decision, path, choice in zip(decisions, paths, choices, strict=True)
         ]
         entries = [(owner, entry) for owner, work in enumerate(works) for entry in work.entries]
@@ -394,6 +402,31 @@ class DecisionService:
             return [(entry, False) for entry in entries]
         return in_chunks(entries, self.scheduler.pass_rows)
 
+    def _work(self, decision: Decision, path: str, choice: ReadoutChoice) -> QuestionWork:
+        """What the engine is sent for one question: a prompt per option for a multi-label
+        question (always read by letters), else by its readout."""
+        if decision.kind == "multi_label":
+            return self._multi_label_work(decision, path)
+        if choice.likelihood:
+            return self._branches.work(decision, path, choice)
+        return self._letter_work(decision, path)
+
+    def _multi_label_work(self, decision: Decision, path: str) -> MultiLabelWork:
+        """A prompt per option, the option alone after the shared state and question, each
+        within SEMIF_MAX_TOKENS."""
+        entries, texts = [], []
+        for index, option in enumerate(decision.options):
+            option_path = f"{path}.options[{index}]"
+            try:
+                prompt = render_multi_label_prompt(self.template, decision, option)
+            except (TemplateRenderError, ValueError) as error:
+                raise RequestError(option_path, str(error)) from None
+            tokens = self.tokenize_prompt(prompt, option_path, PROMPT_HINT)
+            boundaries = self._boundaries(prompt, tokens, branched=True)
+            entries.append(Entry(tokens, [], 0, boundaries))
+            texts.append(prompt.text)
+        return MultiLabelWork(texts[0], entries, self._labels(APPLIES_LABELS, path))
+
     def _letter_work(self, decision: Decision, path: str) -> LetterWork:
         """The letter prompt, with as many of its label continuations per entry as one pass
         has streams for beside it (a small KV budget, adapter.kv_memory); a repeated entry
@@ -402,7 +435,7 @@ class DecisionService:
         return LetterWork.of(
             prompt.text,
             tokens,
-            self._labels(decision, path),
+            self._labels(answer_labels(len(decision.options)), path),
             self._boundaries(prompt, tokens),
             per_pass=self.engine.max_branches - 1,
         )

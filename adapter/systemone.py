@@ -5,7 +5,11 @@ the state's token prefix and all are scored in one batched engine call:
 - noul: two options, "true" then "false" (their criteria descriptions, else Yes / No);
   the answer is P(true);
 - choice: the options in request order, described by their criteria (null: the key);
-- score: the levels in order, low to high; the answer is the expected level.
+- score: the levels in order, low to high; the answer is the expected level;
+- multi: keyed options as choice's (from one), each judged on its own as applying or not
+  (adapter.multi_label); the answer is the keys at or above the question's optional
+  `threshold` (0.5), with each key's probability (they need not sum to 1), the
+  probability that none applies and the least decided key's confidence (max(p, 1 - p)).
 Question keys are never shown to the model (only instructions and descriptions are), so
 renaming a key cannot change an answer. An optional top-level `option_order` (as_given,
 canonical, debiased; `adapter.ordering`) overrides the server's SEMIF_OPTION_ORDER; score
@@ -13,7 +17,8 @@ levels keep their order in every mode. The model's calibration applies each kind
 temperature (`adapter.calibration`); the answers keep the format's exact shape. Optional
 top-level `readout` and `normalization` (adapter.likelihood; the server's SEMIF_READOUT and
 SEMIF_NORMALIZATION when absent) say how choice and noul questions are read; score
-questions are always read by letters (their levels are positions). An optional top-level
+questions are always read by letters (their levels are positions), multi questions too (a
+prompt per key). An optional top-level
 `coverage` (with `coverage_method`, as in the decision API) adds to every answer a conformal
 prediction set of option keys (noul: "true", "false"), from the calibration's section for
 the question's kind and readout; without one, a 400 naming `coverage`.
@@ -30,10 +35,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from adapter import fields
+from adapter import fields, multi_label
 from adapter.calibration import conformal_scores, prediction_set_fields
 from adapter.cancel import Cancellation
 from adapter.errors import RequestError, SchemaError
@@ -45,18 +50,26 @@ from adapter.schema import (
     Option,
     coverage,
     coverage_method,
+    fraction,
     normalization,
     option_order,
     readout_method,
 )
-from model_build.calibration import Normalization, OptionOrder
+from model_build.calibration import Normalization, OptionOrder, QuestionKind
 from model_build.conformal import ConformalMethod
 
 if TYPE_CHECKING:  # the parser loads no model (the JSON Lines planner uses it)
     from adapter.service import DecisionService, ScoredBatch
 
-Kind = Literal["noul", "choice", "score"]
-KINDS: tuple[Kind, ...] = ("noul", "choice", "score")
+Kind = Literal["noul", "choice", "score", "multi"]
+KINDS: tuple[Kind, ...] = ("noul", "choice", "score", "multi")
+# How the calibration and the metrics name each kind (a multi question is multi-label).
+QUESTION_KIND: dict[Kind, QuestionKind] = {
+    "noul": "noul",
+    "choice": "choice",
+    "score": "score",
+    "multi": "multi_label",
+}
 MIN_CHOICES, MAX_CHOICES = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
 NOUL_DEFAULTS = {"true": "Yes", "false": "No"}
@@ -70,6 +83,10 @@ class Question:
     kind: Kind
     decision: Decision
 
+    @property
+    def question_kind(self) -> QuestionKind:
+        return QUESTION_KIND[self.kind]
+
 
 @dataclass(frozen=True)
 class SystemOneRequest:
@@ -82,8 +99,9 @@ class SystemOneRequest:
     coverage_method: ConformalMethod = "lac"
 
     def readout_for(self, question: Question, default: ReadoutChoice) -> ReadoutChoice:
-        """How `question` is read: score questions by letters, the others as asked."""
-        if question.kind == "score":
+        """How `question` is read: score and multi questions by letters, the others as
+        asked."""
+        if question.kind in ("score", "multi"):
             return LETTERS
         return ReadoutChoice(
             self.readout or default.method, self.normalization or default.normalization
@@ -105,15 +123,18 @@ def _noul(criteria: Any, path: str) -> tuple[Option, ...]:
     )
 
 
-def _choice(criteria: Any, path: str) -> tuple[Option, ...]:
+def _choice(
+    criteria: Any, path: str, fewest: int = MIN_CHOICES, threshold: float | None = None
+) -> tuple[Option, ...]:
+    """Keyed options (a choice's, or a multi question's each with its `threshold`)."""
     entry = fields.json_object(criteria, path, SchemaError)
-    fields.count(entry, path, MIN_CHOICES, MAX_CHOICES)
+    fields.count(entry, path, fewest, MAX_CHOICES)
     options = []
     for key, description in entry.items():
         if not key.strip():
             raise RequestError(member_path(path, key), "option keys must not be empty")
         text = key if description is None else _text(description, member_path(path, key))
-        options.append(Option(key, text))
+        options.append(Option(key, text, threshold=threshold))
     return tuple(options)
 
 
@@ -129,28 +150,37 @@ def _score(criteria: Any, path: str) -> tuple[Option, ...]:
 def _question(key: str, value: Any, state: JsonState) -> Question:
     path = member_path("questions", key)
     entry = fields.json_object(value, path, SchemaError)
-    fields.only_fields(entry, path, ("type", "instructions", "criteria"), SchemaError)
     kind = entry.get("type")
     if kind not in KINDS:
         raise SchemaError(f"{path}.type", f"must be one of {', '.join(KINDS)}")
+    allowed = ("type", "instructions", "criteria", *(("threshold",) if kind == "multi" else ()))
+    fields.only_fields(entry, path, allowed, SchemaError)
     instructions = _text(
         fields.required(entry, "instructions", path, SchemaError), f"{path}.instructions"
     )
     criteria_path = f"{path}.criteria"
     if kind != "noul" and "criteria" not in entry:
         raise SchemaError(criteria_path, "is required")
-    options = question_options(kind, entry.get("criteria"), criteria_path)
-    return Question(key, kind, Decision(key, state, instructions, options))
+    limit = fraction(entry, "threshold", f"{path}.threshold")
+    options = question_options(kind, entry.get("criteria"), criteria_path, limit)
+    decision = Decision(key, state, instructions, options)
+    if kind == "multi":
+        decision = replace(decision, kind="multi_label")
+    return Question(key, kind, decision)
 
 
-def question_options(kind: Kind, criteria: Any, path: str) -> tuple[Option, ...]:
-    """The ordered options a question of `kind` declares: noul true/false, choice keys,
-    score levels "0".."N-1". Shared with the benchmark task format, which uses the same
-    question objects."""
+def question_options(
+    kind: Kind, criteria: Any, path: str, threshold: float | None = None
+) -> tuple[Option, ...]:
+    """The ordered options a question of `kind` declares: noul true/false, choice and multi
+    keys (multi: from one, each with the question's `threshold`), score levels "0".."N-1".
+    Shared with the benchmark task format, which uses the same question objects."""
     if kind == "noul":
         return _noul(criteria, path)
     if kind == "choice":
         return _choice(criteria, path)
+    if kind == "multi":
+        return _choice(criteria, path, fewest=1, threshold=threshold)
     return _score(criteria, path)
 
 
@@ -210,6 +240,15 @@ def shape_answer(question: Question, probabilities: Sequence[float]) -> dict[str
     if question.kind == "noul":
         return {"type": "noul", "noul": probabilities[0]}
     keyed = {option.id: p for option, p in zip(options, probabilities, strict=True)}
+    if question.kind == "multi":
+        judged = multi_label.answer_fields(question.decision, probabilities)
+        return {
+            "type": "multi",
+            "multi": judged["applies"],
+            "probabilities": keyed,
+            "none_probability": judged["none_probability"],
+            "confidence": multi_label.confidence(probabilities),
+        }
     if question.kind == "choice":
         return {
             "type": "choice",
@@ -243,17 +282,15 @@ def answer(
     mode = request.option_order or service.option_order
     choices = [request.readout_for(question, service.readout) for question in questions]
     variants = [
-        Variants.of(question.decision, question.kind, mode, service.calibration, choice)
+        Variants.of(question.decision, question.question_kind, mode, service.calibration, choice)
         for question, choice in zip(questions, choices, strict=True)
     ]
     # Checked before scoring: a set no calibration backs is refused, never answered.
     scores = [
         None
         if request.coverage is None
-        else conformal_scores(
-            service.calibration, choice, question.kind, "canonical" if choice.likelihood else mode
-        )
-        for question, choice in zip(questions, choices, strict=True)
+        else conformal_scores(service.calibration, variant.readout, variant.kind, variant.mode)
+        for variant in variants
     ]
     readings, batch = service.read_variants(
         variants,
@@ -267,7 +304,12 @@ def answer(
         if held is not None and request.coverage is not None:
             keys = [option.id for option in question.decision.options]
             answers[question.key] |= prediction_set_fields(
-                held, request.coverage_method, request.coverage, keys, reading.probabilities
+                held,
+                request.coverage_method,
+                request.coverage,
+                keys,
+                reading.probabilities,
+                each_alone=question.kind == "multi",
             )
     response = {
         "model": service.model_id,

@@ -45,14 +45,21 @@ import numpy.typing as npt
 from adapter.calibration import correction, likelihood_correction
 from adapter.ordering import Order, arrange, canonical_order, distribution, plan, rotations
 from adapter.readout import log_softmax, softmax
-from bench.conformal_fit import conformal_section, coverage_report, format_coverage
+from bench.conformal_fit import (
+    Row,
+    conformal_section,
+    coverage_report,
+    format_coverage,
+    held_scores,
+    labelled,
+)
 from bench.metrics import ECE_BINS, Answer, accuracy, brier_score, top_label_ece
+from bench.multi_label_fit import AppliesTask, pairs, rows
 from bench.runner import Invoker, save_figure, target_client
-from bench.tasks import Task, load_tasks, shared_body, single_body
+from bench.tasks import TASK_KINDS, Task, load_tasks, shared_body, single_body
 from model_build.calibration import (
     NORMALIZATIONS,
     OPTION_ORDERS,
-    QUESTION_KINDS,
     Calibration,
     LikelihoodCalibration,
     Normalization,
@@ -82,6 +89,8 @@ class Scored:
     # Read by likelihood: the options' log-probabilities in the task's order, per
     # normalization (none for score tasks, which are read by letters, or with --no-likelihood).
     likelihood: Mapping[Normalization, Vector] = field(default_factory=dict)
+    # A choice task read as multi-label (bench.multi_label_fit): each option's log-odds.
+    applies: AppliesTask | None = None
 
     @property
     def kind(self) -> QuestionKind:
@@ -156,7 +165,19 @@ def score_task(
             raise CalibrateError(f"task {task.id}: the server did not read it by likelihood")
         likely[normalization] = log_softmax(np.asarray(result["option_logits"], np.float64))
         likely_versions.add(str(result.get("prompt_version")))
-    return Scored(task, rows, likely), versions, likely_versions
+    return Scored(task, rows, likely, _applies(client, task)), versions, likely_versions
+
+
+def _applies(client: Invoker, task: Task) -> AppliesTask | None:
+    """A choice task read as a multi-label question: each option's log-odds of applying."""
+    if task.question_type != "choice":
+        return None
+    answer = client.invoke(single_body(replace(task.decision, kind="multi_label")))
+    result = answer.get("result") if isinstance(answer, Mapping) else None
+    if not isinstance(result, Mapping) or result.get("kind") != "multi_label":
+        raise CalibrateError(f"task {task.id}: the server did not read it as multi-label")
+    log_odds = np.asarray(result["option_logits"], np.float64)
+    return AppliesTask(log_odds, task.labels.index(task.expected))
 
 
 def estimate_prior(scored: Sequence[Scored]) -> dict[int, tuple[float, ...]]:
@@ -227,12 +248,16 @@ def fit(
     )
     temperatures: dict[QuestionKind, float] = {}
     counts: dict[QuestionKind, int] = {}
-    for kind in QUESTION_KINDS:
+    for kind in TASK_KINDS:
         group = [item for item in scored if item.kind == kind]
         counts[kind] = len(group)
         if group:
             rows = [_log(item.probabilities(mode, base)) for item in group]
             temperatures[kind] = fit_temperature(rows, [item.label for item in group])
+    applies = [item.applies for item in scored if item.applies is not None]
+    counts["multi_label"] = len(applies)
+    if applies:
+        temperatures["multi_label"] = fit_temperature(*pairs(applies))
     likelihood = None
     if likelihood_version is not None:
         likelihood = LikelihoodCalibration(likelihood_version, fit_likelihood(scored))
@@ -246,7 +271,7 @@ def fit_likelihood(
     fitted: dict[Normalization, dict[QuestionKind, float]] = {}
     for normalization in NORMALIZATIONS:
         fitted[normalization] = {}
-        for kind in QUESTION_KINDS:
+        for kind in TASK_KINDS:
             group = [item for item in scored if item.kind == kind and item.likelihood]
             if group:
                 rows = [item.likelihood[normalization] for item in group]
@@ -314,6 +339,26 @@ def cross_validate(
                 stages["uncalibrated"].append(item.likely_answer(normalization, None))
                 stages["calibrated"].append(item.likely_answer(normalization, fitted_likely))
     return held, likely
+
+
+def held_out_applies(scored: Sequence[Scored], folds: int, seed: int) -> list[Row]:
+    """The choice tasks read as multi-label, in the order cross_validate visits them, each
+    under the `multi_label` temperature fitted on the other folds."""
+    tasks: list[AppliesTask] = []
+    temperatures: list[float] = []
+    for test in folds_of(len(scored), folds, seed):
+        held_back = set(test)
+        train = [
+            item.applies
+            for index, item in enumerate(scored)
+            if index not in held_back and item.applies is not None
+        ]
+        temperature = fit_temperature(*pairs(train)) if train else 1.0
+        for item in (scored[index] for index in test):
+            if item.applies is not None:
+                tasks.append(item.applies)
+                temperatures.append(temperature)
+    return rows(tasks, temperatures)
 
 
 def held_out_order(scored: Sequence[Scored], folds: int, seed: int) -> list[Scored]:
@@ -473,6 +518,12 @@ def calibrate(
             prompt_version=prompt_version,
             likelihood_version=likelihood_version if read_likely else None,
         )
+        applies = held_out_applies(scored, folds, seed)
+        if applies:  # a multi-label question's sets, beside the letters' kinds
+            letters = sections["letters"]
+            fitted = letters.scores | {"multi_label": held_scores(applies, each_alone=True)}
+            sections["letters"] = replace(letters, scores=fitted)
+            report["conformal"]["multi_label"] = coverage_report(applies, each_alone=True)
         final = replace(final, conformal=sections)
     metrics = {
         "folds": folds,
@@ -517,7 +568,7 @@ def _conformal(
         sections[readout] = conformal_section(
             answers, labels, own_kinds, prompt_version=version, option_order=order
         )
-        report[readout] = coverage_report(answers, labels)
+        report[readout] = coverage_report(labelled(answers, labels))
     return sections, report
 
 

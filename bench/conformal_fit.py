@@ -20,8 +20,11 @@ from bench.metrics import Answer
 from model_build.calibration import QuestionKind
 from model_build.conformal import (
     METHODS,
+    ConformalMethod,
     ConformalScores,
     ConformalSection,
+    applies_score,
+    applies_set,
     nonconformity,
     prediction_set,
     threshold,
@@ -31,9 +34,25 @@ COVERAGES = (0.8, 0.9, 0.95)
 SPLITS = 200  # random halves the report averages over
 
 
-def _labelled(answer: Answer, expected: str) -> tuple[list[float], int]:
-    labels = list(answer.probabilities)
-    return [answer.probabilities[label] for label in labels], labels.index(expected)
+Row = tuple[Sequence[float], int]  # a question's served probabilities, the right index
+
+
+def labelled(answers: Sequence[Answer], expected: Sequence[str]) -> list[Row]:
+    """Each answer's probabilities in its options' order and the right option's index."""
+    rows: list[Row] = []
+    for answer, label in zip(answers, expected, strict=True):
+        labels = list(answer.probabilities)
+        rows.append(([answer.probabilities[key] for key in labels], labels.index(label)))
+    return rows
+
+
+def _score(method: ConformalMethod, row: Row, each_alone: bool) -> float:
+    """The right option's score: of its whole distribution, or (a multi-label question) of
+    its own "applies"."""
+    probabilities, right = row
+    if each_alone:
+        return applies_score(method, probabilities[right])
+    return nonconformity(method, probabilities, right)
 
 
 def conformal_section(
@@ -45,34 +64,39 @@ def conformal_section(
     option_order: str,
 ) -> ConformalSection:
     """The sorted scores of the right options, per question kind present and method."""
-    scores: dict[str, ConformalScores] = {}
-    for kind in sorted(set(kinds)):
-        rows = [
-            _labelled(answer, label)
-            for answer, label, own in zip(answers, expected, kinds, strict=True)
-            if own == kind
-        ]
-        scores[kind] = ConformalScores(
-            {
-                method: tuple(sorted(nonconformity(method, probs, right) for probs, right in rows))
-                for method in METHODS
-            }
-        )
+    rows = labelled(answers, expected)
+    scores: dict[str, ConformalScores] = {
+        kind: held_scores([row for row, own in zip(rows, kinds, strict=True) if own == kind])
+        for kind in sorted(set(kinds))
+    }
     return ConformalSection(prompt_version, option_order, scores)
 
 
+def held_scores(rows: Sequence[Row], *, each_alone: bool = False) -> ConformalScores:
+    """The sorted scores of the right options, per method (`each_alone`: a multi-label
+    question's, whose right option is one that applies)."""
+    return ConformalScores(
+        {
+            method: tuple(sorted(_score(method, row, each_alone) for row in rows))
+            for method in METHODS
+        }
+    )
+
+
 def coverage_report(
-    answers: Sequence[Answer],
-    expected: Sequence[str],
+    rows: Sequence[Row],
     *,
+    each_alone: bool = False,
     coverages: Sequence[float] = COVERAGES,
     splits: int = SPLITS,
     seed: int = 0,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Per coverage asked and method: the share of held-out questions whose set held the
     right option, the mean set size, and how often the set was one option, averaged over
-    `splits` random halves (calibrate on one, answer the other)."""
-    rows = [_labelled(answer, label) for answer, label in zip(answers, expected, strict=True)]
+    `splits` random halves (calibrate on one, answer the other). `each_alone`: multi-label
+    rows, whose sets are applies_set's and whose right option is one that applies (the
+    coverage is then the share of applicable options in their set)."""
+    members_of = applies_set if each_alone else prediction_set
     rng = np.random.default_rng(seed)
     report: dict[str, dict[str, dict[str, float]]] = {}
     for coverage in coverages:
@@ -82,11 +106,11 @@ def coverage_report(
             for _ in range(splits):
                 order = rng.permutation(len(rows))
                 half = len(rows) // 2
-                held = sorted(nonconformity(method, *rows[i]) for i in order[:half])
+                held = sorted(_score(method, rows[i], each_alone) for i in order[:half])
                 limit = threshold(held, coverage)
                 for index in order[half:]:
                     probabilities, right = rows[index]
-                    members = prediction_set(method, probabilities, limit)
+                    members = members_of(method, probabilities, limit)
                     covered += right in members
                     sizes += len(members)
                     singletons += len(members) == 1

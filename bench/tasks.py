@@ -11,17 +11,30 @@ rejected with its line number instead of silently scoring zero.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol, TypeVar
 
 from adapter.errors import RequestError
 from adapter.schema import Decision, Option, parse_decision
-from adapter.systemone import KINDS, Kind, question_options
+from adapter.systemone import question_options
 
 SMOKE_TASKS = Path(__file__).resolve().parent / "tasks" / "smoke.jsonl"
 NOUL_LABELS = {"true": "yes", "false": "no"}  # JevBench labels noul answers yes/no
+# The question types a task may have: one expected answer each.
+TaskKind = Literal["noul", "choice", "score"]
+TASK_KINDS: tuple[TaskKind, ...] = ("noul", "choice", "score")
+
+
+class Identified(Protocol):
+    """What `parse_lines` needs of a parsed line: an id unique in its file."""
+
+    @property
+    def id(self) -> str: ...
+
+
+Item = TypeVar("Item", bound=Identified)
 
 
 class TaskFormatError(ValueError):
@@ -34,7 +47,7 @@ class Task:
 
     id: str
     family: str
-    question_type: Kind
+    question_type: TaskKind
     decision: Decision
     expected: str
 
@@ -48,17 +61,21 @@ class Task:
 
 def decision_json(decision: Decision) -> dict[str, Any]:
     """A decision as the API receives it (the inverse of adapter.schema.parse_decision)."""
+    kind = {} if decision.kind == "choice" else {"kind": decision.kind}
     return {
         "id": decision.id,
         "state": decision.state,
         "question": decision.question,
         "options": [option_json(option) for option in decision.options],
+        **kind,
     }
 
 
-def option_json(option: Option) -> dict[str, str]:
-    """An option as the API receives it; `label` only where the option has one."""
-    named = {} if option.label is None else {"label": option.label}
+def option_json(option: Option) -> dict[str, Any]:
+    """An option as the API receives it; `label` and `threshold` only where it has them."""
+    named: dict[str, Any] = {} if option.label is None else {"label": option.label}
+    if option.threshold is not None:
+        named["threshold"] = option.threshold
     return {"id": option.id, "description": option.description, **named}
 
 
@@ -80,9 +97,9 @@ def parse_task(raw: Any) -> Task:
     if missing:
         raise ValueError(f"missing field(s): {', '.join(missing)}")
     question = raw["question"]
-    if not isinstance(question, Mapping) or question.get("type") not in KINDS:
+    if not isinstance(question, Mapping) or question.get("type") not in TASK_KINDS:
         raise ValueError('question must be an object with type "noul", "choice" or "score"')
-    question_type: Kind = question["type"]
+    question_type: TaskKind = question["type"]
     try:  # System One's translation of the same question object, then the decision rules
         options = question_options(question_type, question.get("criteria"), "question.criteria")
         if question_type == "noul":
@@ -114,23 +131,32 @@ def parse_task(raw: Any) -> Task:
 
 
 def parse_tasks(lines: Iterable[str], source: str) -> list[Task]:
-    """Parse JSONL text; blank lines are skipped, ids must be unique."""
-    tasks: list[Task] = []
+    """Parse JevBench JSONL text (`parse_lines`' rules)."""
+    return parse_lines(lines, source, parse_task, "task")
+
+
+def parse_lines(
+    lines: Iterable[str], source: str, parse: Callable[[Any], Item], what: str
+) -> list[Item]:
+    """Parse JSONL text whose lines `parse` maps to items with an id (tasks, and other
+    benchmarks' cases): blank lines are skipped, ids must be unique, and a bad line is a
+    TaskFormatError naming the file and line, so a hand-written file is fixed at once."""
+    items: list[Item] = []
     seen: set[str] = set()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            task = parse_task(json.loads(line))
+            item = parse(json.loads(line))
         except ValueError as error:
             raise TaskFormatError(f"{source}:{number}: {error}") from None
-        if task.id in seen:
-            raise TaskFormatError(f"{source}:{number}: duplicate task id {task.id!r}")
-        seen.add(task.id)
-        tasks.append(task)
-    if not tasks:
-        raise TaskFormatError(f"{source}: no tasks")
-    return tasks
+        if item.id in seen:
+            raise TaskFormatError(f"{source}:{number}: duplicate {what} id {item.id!r}")
+        seen.add(item.id)
+        items.append(item)
+    if not items:
+        raise TaskFormatError(f"{source}: no {what}s")
+    return items
 
 
 def load_tasks(path: Path = SMOKE_TASKS) -> list[Task]:

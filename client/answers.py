@@ -32,11 +32,21 @@ class DecisionResult:
     # the coverage it promises; `raw["conformal"]` says what backs it.
     prediction_set: list[str] | None = None
     coverage: float | None = None
+    # A multi-label question: each option's own probability (they need not sum to 1), the
+    # options at or above their thresholds, and the probability that none applies.
+    kind: str = "choice"
+    applies: list[str] | None = None
+    none_probability: float | None = None
 
     @classmethod
     def from_json(cls, result: Mapping[str, Any]) -> DecisionResult:
         members = result.get("prediction_set")
+        applies = result.get("applies")
+        none = result.get("none_probability")
         return cls(
+            kind=str(result.get("kind", "choice")),
+            applies=None if applies is None else [str(member) for member in applies],
+            none_probability=None if none is None else float(none),
             readout=str(result.get("readout", "letters")),
             prediction_set=None if members is None else [str(member) for member in members],
             coverage=None if result.get("coverage") is None else float(result["coverage"]),
@@ -51,7 +61,8 @@ class DecisionResult:
 
     @property
     def choice(self) -> str:
-        """The most probable option id (the first one on a tie)."""
+        """The most probable option id (the first one on a tie; of a multi-label question,
+        the option most likely to apply)."""
         best = max(range(len(self.probabilities)), key=self.probabilities.__getitem__)
         return self.option_ids[best]
 
@@ -79,7 +90,17 @@ class ScoreAnswer:
     confidence: float
 
 
-SystemOneAnswer = NoulAnswer | ChoiceAnswer | ScoreAnswer
+@dataclass(frozen=True)
+class MultiAnswer:
+    """A multi question: the keys that apply, each key's own probability of applying."""
+
+    applies: list[str]
+    probabilities: dict[str, float]
+    none_probability: float
+    confidence: float  # the least decided key's max(p, 1 - p)
+
+
+SystemOneAnswer = NoulAnswer | ChoiceAnswer | ScoreAnswer | MultiAnswer
 
 
 def _system_one_answer(answer: Mapping[str, Any]) -> SystemOneAnswer:
@@ -89,6 +110,13 @@ def _system_one_answer(answer: Mapping[str, Any]) -> SystemOneAnswer:
     probabilities = {key: float(p) for key, p in answer["probabilities"].items()}
     if kind == "choice":
         return ChoiceAnswer(answer["choice"], probabilities, float(answer["confidence"]))
+    if kind == "multi":
+        return MultiAnswer(
+            [str(key) for key in answer["multi"]],
+            probabilities,
+            float(answer["none_probability"]),
+            float(answer["confidence"]),
+        )
     if kind == "score":
         return ScoreAnswer(
             float(answer["score"]),

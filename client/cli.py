@@ -37,6 +37,7 @@ from client.decision_client import (
     DecisionClient,
     DecisionResult,
     EndpointError,
+    MultiAnswer,
     NoulAnswer,
     RetryPolicy,
     ScoreAnswer,
@@ -71,7 +72,10 @@ def format_decision(result: DecisionResult) -> str:
     )
     cells = "  ".join(f"{option}={probability:.3f}" for option, probability in ranked)
     mass = result.allowed_token_mass
-    line = f"  {result.id:<14} -> {result.choice:<15} [{cells}]  (letter mass {mass:.2f})"
+    answer = result.choice if result.applies is None else "{" + ", ".join(result.applies) + "}"
+    line = f"  {result.id:<14} -> {answer:<15} [{cells}]  (letter mass {mass:.2f})"
+    if result.none_probability is not None:
+        line += f"  none={result.none_probability:.3f}"
     if result.prediction_set is not None:
         line += f"  set at {result.coverage:g}: {{{', '.join(result.prediction_set)}}}"
     return line
@@ -94,6 +98,13 @@ def format_systemone(answers: SystemOneAnswers) -> str:
             row = (
                 "choice",
                 answer.choice,
+                f"{answer.confidence:.3f}",
+                _cells(answer.probabilities),
+            )
+        elif isinstance(answer, MultiAnswer):
+            row = (
+                "multi",
+                "{" + ", ".join(answer.applies) + "}",
                 f"{answer.confidence:.3f}",
                 _cells(answer.probabilities),
             )

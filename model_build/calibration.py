@@ -38,8 +38,9 @@ from typing import Any, Literal, TypeVar
 from model_build.conformal import ConformalError, ConformalSection, parse_conformal
 
 CALIBRATION_SCHEMA_VERSION = 1
-QuestionKind = Literal["choice", "noul", "score"]
-QUESTION_KINDS: tuple[QuestionKind, ...] = ("choice", "noul", "score")
+# multi_label: each option judged on its own as applying or not (adapter.multi_label).
+QuestionKind = Literal["choice", "noul", "score", "multi_label"]
+QUESTION_KINDS: tuple[QuestionKind, ...] = ("choice", "noul", "score", "multi_label")
 OptionOrder = Literal["as_given", "canonical", "debiased"]
 OPTION_ORDERS: tuple[OptionOrder, ...] = ("as_given", "canonical", "debiased")
 # The likelihood readout's normalizations (adapter.likelihood), named here so the format

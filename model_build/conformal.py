@@ -26,7 +26,9 @@ Format (inside the calibration file, model_build.calibration; docs/manifest.md):
                               "scores": {"choice": {"lac": [0.02, ...], "aps": [...]}}},
                   "likelihood:mean": {...}}
 keyed by readout (`letters`, or `likelihood:<normalization>`), each fitted under one prompt
-version and option order, with the sorted scores per question kind and method.
+version and option order, with the sorted scores per question kind and method. The
+`multi_label` kind (letters only) keeps one score per option that applies (`applies_score`):
+its set is the options whose "applies" is within the threshold, whatever the order.
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ def nonconformity(method: ConformalMethod, probabilities: Sequence[float], label
     return math.fsum(p for p in probabilities if p >= mine)
 
 
+def applies_score(method: ConformalMethod, probability: float) -> float:
+    """How unusual "applies" is for a multi-label option the model gives `probability` of
+    applying: the option's own two answers scored like any distribution's. Fitted on the
+    options that do apply only (label-conditional, Mondrian), so the set's promise is about
+    them: each applicable option is in it with at least the coverage asked for."""
+    return nonconformity(method, (probability, 1.0 - probability), 0)
+
+
 def _rank(count: int, coverage: float) -> int:
     """Which of `count` sorted scores is the threshold at `coverage` (1-based)."""
     return math.ceil((count + 1) * coverage)
@@ -74,6 +84,18 @@ def prediction_set(
         index
         for index in range(len(probabilities))
         if limit is None or nonconformity(method, probabilities, index) <= limit
+    ]
+
+
+def applies_set(
+    method: ConformalMethod, probabilities: Sequence[float], limit: float | None
+) -> list[int]:
+    """A multi-label question's set (`probabilities` each an option's own): the indexes of
+    the options whose "applies" scores at most `limit` (all of them for None)."""
+    return [
+        index
+        for index, probability in enumerate(probabilities)
+        if limit is None or applies_score(method, probability) <= limit
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from bench.calibrate import (
     summarize,
 )
 from bench.metrics import Answer
+from bench.multi_label_fit import rows
 from bench.runner import open_client
 from bench.tasks import SMOKE_TASKS, Task, load_tasks, single_body
 from model_build.calibration import OptionOrder, load_calibration
@@ -114,8 +116,9 @@ def test_a_run_writes_a_calibration_the_adapter_reads(tiny_url: str, tmp_path: P
     calibration = load_calibration(out / "calibration.json")
     assert calibration.prompt_version == PROMPT_VERSION
     assert calibration.option_order == "canonical"
-    assert set(calibration.temperatures) == {"choice", "noul", "score"}
-    assert calibration.counts == {"choice": 4, "noul": 4, "score": 4}
+    # The choice tasks read as multi-label questions too (bench.multi_label_fit).
+    assert set(calibration.temperatures) == {"choice", "noul", "score", "multi_label"}
+    assert calibration.counts == {"choice": 4, "noul": 4, "score": 4, "multi_label": 4}
     assert sorted(calibration.position_prior) == [2, 4]  # nominal counts only; score has 5
     assert len(tasks) == 12
     report = json.loads((out / "calibrate-report.json").read_text())
@@ -169,6 +172,13 @@ def test_what_is_fitted_is_what_is_served(tiny_url: str) -> None:
             served = client.invoke(body | {"normalization": normalization})
             ours = item.likely(normalization, None)
             assert served["result"]["probabilities"] == pytest.approx(list(ours), abs=1e-9)
+        # Read as multi-label: the fit's rows at temperature 1 are the server's answer.
+        assert item.applies is not None
+        multi = replace(item.task.decision, kind="multi_label")
+        served = client.invoke(single_body(multi))["result"]["probabilities"]
+        ((applies, right),) = rows([item.applies], [1.0])
+        assert served == applies
+        assert right == item.task.labels.index(item.task.expected)
 
 
 def test_conformal_writes_sets_the_adapter_serves_and_reports_their_coverage(
@@ -186,6 +196,7 @@ def test_conformal_writes_sets_the_adapter_serves_and_reports_their_coverage(
         "choice": 4,
         "noul": 4,
         "score": 4,
+        "multi_label": 4,  # one applicable option per choice task read as multi-label
     }
     for normalization in ("sum", "mean", "pmi"):
         section = calibration.conformal[f"likelihood:{normalization}"]
@@ -195,4 +206,8 @@ def test_conformal_writes_sets_the_adapter_serves_and_reports_their_coverage(
     row = report["conformal"]["letters"]["0.8"]["lac"]
     assert 0 <= row["coverage"] <= 1
     assert row["calibration_questions"] == 6  # half of the 12 held-out answers
+    multi = report["conformal"]["multi_label"]["0.8"]["lac"]
+    assert multi["calibration_questions"] == 2  # half of the 4 choice tasks
+    # Two held-out scores cannot back 0.8 (it needs 4): every set is every option.
+    assert (multi["coverage"], multi["singletons"]) == (1.0, 0.0)
     assert "conformal prediction sets" in capsys.readouterr().out

@@ -14,6 +14,8 @@ from model_build.calibration import CalibrationError, parse_calibration
 from model_build.conformal import (
     METHODS,
     ConformalMethod,
+    applies_score,
+    applies_set,
     fewest_scores,
     nonconformity,
     prediction_set,
@@ -67,6 +69,45 @@ def test_sets_cover_at_least_what_they_promise_and_not_much_more(
     variance = alpha * (1 - alpha) * (1 / (CALIBRATION_QUESTIONS + 2) + 1 / TEST_QUESTIONS)
     margin = 4 * math.sqrt(variance / SPLITS)
     assert 1 - alpha - margin <= mean <= 1 - alpha + 1 / (CALIBRATION_QUESTIONS + 1) + margin
+
+
+def _applicable(rng: np.random.Generator, count: int) -> np.ndarray:
+    """The served probabilities of `count` options that do apply, drawn from many options
+    judged alone by a miscalibrated model (the truth is sharper than what it serves), about
+    a fifth of which apply: the imbalance a multi-label question has."""
+    found: list[float] = []
+    while len(found) < count:
+        logits = rng.normal(-1.5, 1.5, size=4 * count)
+        served = 1 / (1 + np.exp(-logits))
+        applies = rng.uniform(size=logits.size) < 1 / (1 + np.exp(-2 * logits))
+        found.extend(float(p) for p in served[applies])
+    return np.array(found[:count])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_multi_label_sets_hold_each_applicable_option_as_promised(
+    method: ConformalMethod,
+) -> None:
+    """Label-conditional sets (fitted on the options that apply) hold an applicable option
+    with at least the coverage asked, whatever share of options apply; LAC's continuous
+    scores also stay within 1/(n+1) of it (the bound and margin above). APS's "applies"
+    score ties at 1 for every option under even odds, so only its lower bound holds."""
+    rng = np.random.default_rng(len(method))
+    coverage, alpha = 0.9, 0.1
+    covered = []
+    for _ in range(SPLITS):
+        served = _applicable(rng, CALIBRATION_QUESTIONS + TEST_QUESTIONS)
+        held = sorted(applies_score(method, p) for p in served[:CALIBRATION_QUESTIONS])
+        members = applies_set(
+            method, list(served[CALIBRATION_QUESTIONS:]), threshold(held, coverage)
+        )
+        covered.append(len(members) / TEST_QUESTIONS)
+    mean = float(np.mean(covered))
+    variance = alpha * (1 - alpha) * (1 / (CALIBRATION_QUESTIONS + 2) + 1 / TEST_QUESTIONS)
+    margin = 4 * math.sqrt(variance / SPLITS)
+    assert mean >= coverage - margin
+    if method == "lac":
+        assert mean <= coverage + 1 / (CALIBRATION_QUESTIONS + 1) + margin
 
 
 def test_a_set_depends_on_the_probabilities_not_the_options_order() -> None:
