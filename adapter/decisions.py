@@ -14,7 +14,7 @@ from typing import Any
 
 from adapter.calibration import conformal_scores, describe, prediction_set_fields
 from adapter.cancel import Cancellation
-from adapter.multi_label import answer_fields, confidence
+from adapter.multi_label import READOUT_DETAIL, answer_fields, confidence
 from adapter.ordering import Variants
 from adapter.prompts import PROMPT_VERSION, answer_clones, prompt_sha256
 from adapter.schema import DEFAULT_POLICY, Decision, Mode, Policy, decision_paths
@@ -97,7 +97,7 @@ def decide(
                 "prompt_version": version,
                 "readout": read.method,
                 "normalization": read.normalization if read.likelihood else None,
-                "readout_detail": read.describe(),
+                "readout_detail": READOUT_DETAIL if multi else read.describe(),
                 "timing": {
                     "prompts": reading.prompts,
                     "evaluated_tokens": reading.input_tokens - reused,

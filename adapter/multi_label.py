@@ -25,6 +25,11 @@ from typing import Any
 
 from adapter.schema import DEFAULT_THRESHOLD, Decision
 
+READOUT_DETAIL = (
+    "each option asked alone whether it applies: its prompt's last-position logits "
+    "restricted to A (applies) and B (does not); no generated tokens"
+)
+
 
 def thresholds(decision: Decision) -> list[float]:
     """Each option's threshold, the default where the request set none."""

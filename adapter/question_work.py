@@ -158,7 +158,7 @@ class MultiLabelWork:
     A (applies) against B (does not). Options with equal descriptions have equal prompts,
     which the engine scores once."""
 
-    text: str  # the first option's prompt
+    text: str  # every option's prompt, in the caller's order, concatenated (its hash names them)
     entries: list[Entry]
     labels: list[tuple[int, ...]]  # A, B: one token each (checked at load)
 

@@ -425,7 +425,7 @@ class DecisionService:
             boundaries = self._boundaries(prompt, tokens, branched=True)
             entries.append(Entry(tokens, [], 0, boundaries))
             texts.append(prompt.text)
-        return MultiLabelWork(texts[0], entries, self._labels(APPLIES_LABELS, path))
+        return MultiLabelWork("".join(texts), entries, self._labels(APPLIES_LABELS, path))
 
     def _letter_work(self, decision: Decision, path: str) -> LetterWork:
         """The letter prompt, with as many of its label continuations per entry as one pass

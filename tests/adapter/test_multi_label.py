@@ -194,6 +194,7 @@ def test_a_multi_label_decision_through_the_api_and_the_client(client: TestClien
     assert result["kind"] == "multi_label"
     assert result["readout"] == "letters"
     assert result["option_order"] == "as_given"
+    assert result["readout_detail"].startswith("each option asked alone")
     assert result["timing"]["prompts"] == 1
     assert result["input_tokens"] > 0
     assert not math.isclose(sum(probabilities), 1.0)  # each option's own, not a distribution
