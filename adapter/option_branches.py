@@ -5,7 +5,10 @@ How an option's words are read (adapter.likelihood) is the readout's; what the e
 sent for them is built here, beside the letters' (adapter.question_work), and handed to the
 service as a `LikelihoodWork`. The tokenizer comes in as a callable, with the prompt limit
 checked where it tokenizes (DecisionService.tokenize_prompt), so this module reaches no
-model of its own.
+model of its own. Where a prompt may be cut comes in the same way (Vocabulary.prompt_cut):
+each option is tokenized after the prompt's tail from there (its last special token on), not
+after the whole prompt again, which on a long state cost the request thread a millisecond or
+two per option.
 
 Threads: request threads. The neutral scores depend only on an option's tokens, so they are
 kept across requests (at most NEUTRAL_CACHE_SIZE, the oldest forgotten), under a lock.
@@ -40,6 +43,9 @@ HINT = "; shorten the state, question or options"
 Tokenize = Callable[[RenderedPrompt, str, str], list[int]]
 # (prompt, its tokens) -> where whole-stream memory keeps checkpoints (none otherwise).
 Boundaries = Callable[[RenderedPrompt, list[int]], tuple[int, ...]]
+# (prompt text, its user spans) -> where text appended to it can no longer change its tokens
+# before that character, after every user span (Vocabulary.prompt_cut); None: nowhere.
+Cut = Callable[[str, Sequence[tuple[int, int]]], int | None]
 
 
 class OptionBranches:
@@ -51,6 +57,7 @@ class OptionBranches:
         template: Callable[[], ChatTemplate],
         listing: Callable[[], Listing],
         tokenize: Tokenize,
+        cut: Cut,
         boundaries: Boundaries,
         end_of_turn: Callable[[], int],
         max_tokens: int,
@@ -59,6 +66,7 @@ class OptionBranches:
         self._template = template
         self._listing = listing
         self._tokenize = tokenize
+        self._cut = cut
         self._boundaries = boundaries
         self._end_of_turn = end_of_turn
         self.max_tokens = max_tokens
@@ -123,11 +131,12 @@ class OptionBranches:
                 "whole answer cannot be scored; use the letters readout",
             )
         answers = []
+        tail, tail_tokens = self._tail(prompt, tokens, path)
         # Options with the same answer text are one answer (clones): the engine scores the
         # branch once, and the reading splits that answer's probability between them.
         for option in decision.options:
-            branch = self._tokenize(with_answer(prompt, answer_text(option)), path, HINT)
-            answer = option_tokens(branch, tokens, f"{path}.options", option.id)
+            branch = self._tokenize(with_answer(tail, answer_text(option)), path, HINT)
+            answer = option_tokens(branch, tail_tokens, f"{path}.options", option.id)
             if len(tokens) + len(answer) + 1 > self.max_tokens:
                 raise RequestError(
                     path,
@@ -137,6 +146,24 @@ class OptionBranches:
                 )
             answers.append([*answer, end])
         return answers
+
+    def _tail(
+        self, prompt: RenderedPrompt, tokens: list[int], path: str
+    ) -> tuple[RenderedPrompt, list[int]]:
+        """What each option is tokenized after, and its tokens: the prompt from its cut on
+        (after every user span, so the tail has none), else the whole prompt. Text after
+        the cut cannot change the tokens before it, so an option's tokens after the tail
+        are its tokens after the whole prompt, refused alike where they merge with the
+        tail's (adapter.likelihood.option_tokens). The tail alone must be shorter than the
+        prompt: the head then keeps a token of its own, so a BOS the model adds is decided
+        by the same first token in the prompt and in every branch."""
+        cut = self._cut(prompt.text, prompt.user_spans)
+        if cut is not None:
+            tail = RenderedPrompt(prompt.text[cut:], ())
+            tail_tokens = self._tokenize(tail, path, HINT)
+            if len(tail_tokens) < len(tokens):
+                return tail, tail_tokens
+        return prompt, tokens
 
     def _neutral_prompt(self) -> tuple[RenderedPrompt, list[int]]:
         """The neutral prompt and its tokens (rendered once; no request text in it)."""

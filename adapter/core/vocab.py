@@ -115,6 +115,36 @@ class Vocabulary:
                 tokens.extend(self._tokenize_raw(text[start:end], parse_special=False))
         return self._with_bos(tokens)
 
+    def prompt_cut(self, text: str, user_spans: Sequence[tuple[int, int]]) -> int | None:
+        """Where a rendered prompt may be cut so that its text from there on, with request
+        text appended, tokenizes (`tokenize_prompt`) as the end of the whole does, the tokens
+        before the cut unchanged: the start of the last special token the template wrote
+        after every user span; None where that is not certain. The likelihood readout then
+        tokenizes only this tail with each option, not the whole prompt again
+        (adapter.option_branches).
+
+        Why it holds: special-token parsing splits the text at special tokens and tokenizes
+        each piece between them on its own, so text after a special token split out at the
+        cut cannot change the tokens before it. That token is split out there, in the
+        prompt alone and with any text appended, where no special token's text occurs, or
+        could once text is appended, across the cut or starting inside the token (nor
+        starting at the cut and running past the prompt's end), and where the cut is not
+        whitespace that a neighbour's LSTRIP or RSTRIP would strip across it. Reads no
+        native memory, so any thread may ask, even while the model closes.
+        """
+        after = max((end for _, end in user_spans), default=0)
+        cut = max((text.rfind(special.text, after) for special in self.special_tokens), default=-1)
+        if cut <= 0 or text[cut] in _C_SPACE:
+            return None
+        first = next(token for token in self.special_tokens if text.startswith(token.text, cut))
+        for special in self.special_tokens:
+            length = len(special.text)
+            for start in range(max(0, cut - length + 1), cut + len(first.text)):
+                piece = text[start : start + length]  # shorter at the end: text may follow
+                if special.text.startswith(piece) and (start != cut or piece != special.text):
+                    return None
+        return cut
+
     @staticmethod
     def _split_at(
         text: str,
