@@ -61,6 +61,7 @@ class OptionBranches:
         boundaries: Boundaries,
         end_of_turn: Callable[[], int],
         max_tokens: int,
+        whole_streams: bool,
     ) -> None:
         # The service's template and SEMIF_LIKELIHOOD_PROMPT, read at each use.
         self._template = template
@@ -70,6 +71,8 @@ class OptionBranches:
         self._boundaries = boundaries
         self._end_of_turn = end_of_turn
         self.max_tokens = max_tokens
+        # Memory that keeps only whole streams: the option tree sends no one-token edges.
+        self._whole_streams = whole_streams
         self._neutral: dict[Listing, tuple[RenderedPrompt, list[int]]] = {}
         self._neutral_scores: OrderedDict[tuple[int, ...], float] = OrderedDict()
         self._lock = threading.Lock()
@@ -77,19 +80,15 @@ class OptionBranches:
     def work(self, decision: Decision, path: str, choice: ReadoutChoice) -> LikelihoodWork:
         """The likelihood prompt and a branch per option (its text then the end of the
         turn), each within SEMIF_MAX_TOKENS and tokenized as the model would read it after
-        the prompt (adapter.likelihood.option_tokens); for pmi, the neutral branches the
-        cache does not already answer."""
+        the prompt (adapter.likelihood.option_tokens), sent as a tree of shared prefixes
+        (adapter.option_tree); for pmi, the neutral branches the cache does not already
+        answer."""
         try:
             prompt = render_likelihood_prompt(self._template(), decision, self._listing())
         except (TemplateRenderError, ValueError) as error:
             raise RequestError(path, str(error)) from None
         tokens = self._tokenize(prompt, path, HINT)
         options = self._answers(prompt, tokens, decision, path)
-        # On whole-stream memory, where branches part too: the prompt's end, less the row
-        # that scores each option's first token.
-        cuts = self._boundaries(prompt, tokens)
-        cuts = (*cuts, len(tokens) - 1) if cuts else ()
-        branches = [[*tokens, *option] for option in options]
         neutral = None
         if choice.normalization == "pmi":
             neutral_prompt, start = self._neutral_prompt()
@@ -99,8 +98,16 @@ class OptionBranches:
             neutral = (start, known)
             if after != options:  # the same words after either prompt, or pmi is not defined
                 raise RequestError(path, "an option tokenizes differently after the neutral prompt")
-        clones = answer_clones(decision)
-        return LikelihoodWork.of(prompt.text, branches, options, choice, cuts, neutral, clones)
+        return LikelihoodWork.of(
+            prompt.text,
+            tokens,
+            options,
+            choice,
+            self._boundaries(prompt, tokens),
+            whole_streams=self._whole_streams,
+            neutral=neutral,
+            clones=answer_clones(decision),
+        )
 
     def remember(
         self, works: Sequence[QuestionWork], scores: Sequence[Sequence[PromptScore]]

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from adapter.likelihood import ReadoutChoice, read_likelihood
+from adapter.option_tree import AFTER, OptionTree, Source, option_tree
 from adapter.readout import SlotReadout, applies_probabilities, read_labels
 
 
@@ -36,17 +37,21 @@ class PromptScore(Protocol):
     def token_logprobs(self) -> tuple[float, ...]: ...
     @property
     def scored_top_token(self) -> int | None: ...
+    @property
+    def after_logprobs(self) -> Mapping[int, float]: ...
 
 
 @dataclass(frozen=True)
 class Entry:
     """One prompt for the engine: tokens, label continuations, how many of its last tokens
-    are scored, and where checkpoints may be kept (LlamaEngine.score)."""
+    are scored, where checkpoints may be kept, and the tokens whose log-probability after
+    it is read (LlamaEngine.score)."""
 
     tokens: list[int]
     continuations: list[int]
     scored: int
     boundaries: tuple[int, ...]
+    after: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,9 @@ class LetterWork:
 
 @dataclass(frozen=True)
 class LikelihoodWork:
-    """A likelihood-read question: a branch per option (prompt, option, end of turn), then
-    for `pmi` a branch after the neutral prompt per option whose neutral score is unknown."""
+    """A likelihood-read question: its options' branches as a tree below the prompt
+    (adapter.option_tree: each shared prefix sent once), then for `pmi` the tree of the
+    options whose neutral score is unknown below the neutral prompt."""
 
     text: str
     entries: list[Entry]
@@ -96,40 +102,60 @@ class LikelihoodWork:
     options: list[list[int]]  # each option's scored tokens (its own and the end of turn)
     neutral: list[float | None]  # known neutral scores (pmi), None where a branch asks
     distinct: list[int]  # one option per answer text (clones share one: answer_clones)
+    recipes: list[tuple[Source, ...]]  # per option: where each token's score is read
+    neutral_recipes: list[tuple[Source, ...]]  # per unknown neutral score, likewise
+    tree_entries: int  # entries of the prompt's tree (the neutral tree's follow)
 
     @classmethod
     def of(
         cls,
         text: str,
-        branches: list[list[int]],
+        prompt: list[int],
         options: list[list[int]],
         choice: ReadoutChoice,
         boundaries: tuple[int, ...],
+        *,
+        whole_streams: bool = False,
         neutral: tuple[list[int], list[float | None]] | None = None,
         clones: Sequence[Sequence[int]] = (),
     ) -> LikelihoodWork:
-        """`branches[i]` is the prompt followed by `options[i]`; `neutral` the neutral
-        prompt's tokens and each option's known neutral score (pmi only)."""
-        entries = [
-            Entry(branch, [], len(option), boundaries)
-            for branch, option in zip(branches, options, strict=True)
-        ]
+        """The prompt's tokens and each option's after it; `whole_streams` for memory that
+        keeps only whole streams (adapter.option_tree); `neutral` the neutral prompt's
+        tokens and each option's known neutral score (pmi only)."""
+        tree = option_tree(options, whole_streams=whole_streams)
+        entries = _tree_entries(prompt, tree, boundaries)
         known: list[float | None] = [None] * len(options)
+        neutral_recipes: tuple[tuple[Source, ...], ...] = ()
         if neutral is not None:
-            prompt, known = neutral
-            entries += [
-                Entry([*prompt, *option], [], len(option), ())
-                for option, score in zip(options, known, strict=True)
-                if score is None
+            start, known = neutral
+            unknown = [
+                option for option, score in zip(options, known, strict=True) if score is None
             ]
+            if unknown:
+                neutral_tree = option_tree(unknown, whole_streams=whole_streams)
+                entries += _tree_entries(start, neutral_tree, ())
+                neutral_recipes = neutral_tree.recipes
         repeats = {index for group in clones for index in group[1:]}
         distinct = [index for index in range(len(options)) if index not in repeats]
-        return cls(text, entries, choice, options, known, distinct)
+        return cls(
+            text,
+            entries,
+            choice,
+            options,
+            known,
+            distinct,
+            list(tree.recipes),
+            list(neutral_recipes),
+            len(tree.edges),
+        )
 
     def read(self, scores: Sequence[PromptScore]) -> SlotReadout:
-        count = len(self.options)
+        own = scores[: self.tree_entries]
         return read_likelihood(
-            [score.token_logprobs for score in scores[:count]],
+            [
+                _read_recipe(own, recipe, option)
+                for recipe, option in zip(self.recipes, self.options, strict=True)
+            ],
             self.choice,
             neutral=self.neutral_scores(scores) if self.choice.normalization == "pmi" else None,
             top_token_id=scores[0].scored_top_token or 0,
@@ -137,11 +163,12 @@ class LikelihoodWork:
         )
 
     def neutral_scores(self, scores: Sequence[PromptScore]) -> list[float]:
-        """Every option's neutral score: the known ones, the rest from their branches."""
-        fresh = iter(scores[len(self.options) :])
+        """Every option's neutral score: the known ones, the rest from the neutral tree."""
+        tree = scores[self.tree_entries :]
+        fresh = iter(self.neutral_recipes)
         return [
-            known if known is not None else sum(next(fresh).token_logprobs)
-            for known in self.neutral
+            known if known is not None else sum(_read_recipe(tree, next(fresh), option))
+            for known, option in zip(self.neutral, self.options, strict=True)
         ]
 
     def input_tokens(self) -> int:
@@ -149,6 +176,26 @@ class LikelihoodWork:
 
     def reused_tokens(self, scores: Sequence[PromptScore]) -> int:
         return sum(score.reused_tokens for score in scores)
+
+
+def _tree_entries(prompt: list[int], tree: OptionTree, boundaries: tuple[int, ...]) -> list[Entry]:
+    """The engine prompts of a tree below `prompt` (the root keeps the checkpoints)."""
+    return [
+        Entry(
+            [*prompt, *edge.path], [], edge.scored, boundaries if not edge.path else (), edge.after
+        )
+        for edge in tree.edges
+    ]
+
+
+def _read_recipe(
+    scores: Sequence[PromptScore], recipe: Sequence[Source], option: Sequence[int]
+) -> list[float]:
+    """One option's tokens' log-probabilities, each from the row the tree read it at."""
+    return [
+        scores[edge].after_logprobs[token] if at == AFTER else scores[edge].token_logprobs[at]
+        for (edge, at), token in zip(recipe, option, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

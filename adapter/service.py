@@ -129,6 +129,7 @@ class DecisionService:
             boundaries=self._boundaries,
             end_of_turn=self._end_of_turn,
             max_tokens=self.max_tokens,
+            whole_streams=self.engine.recurrent,
         )
         self.scheduler = Scheduler(
             self.engine,
@@ -360,6 +361,7 @@ class DecisionService:
                 cost=self._price([entry for entry, _ in sending]),
                 boundaries=[entry.boundaries for entry, _ in sending],
                 scored=[entry.scored for entry, _ in sending],
+                after=[entry.after for entry, _ in sending],
                 held_only=[chunk for _, chunk in sending],
                 retry_token=retry_token,
             )

@@ -103,6 +103,7 @@ def branches(service: DecisionService, cut: Cut) -> OptionBranches:
         boundaries=lambda prompt, tokens: (),  # checkpoints: whole-stream memory only
         end_of_turn=lambda: vocab.end_of_turn,
         max_tokens=service.max_tokens,
+        whole_streams=service.engine.recurrent,
     )
 
 

@@ -85,9 +85,13 @@ class PromptScore:
     reused_tokens: int = 0  # taken from a resident prefix
     rows: frozenset[int] = frozenset()  # rows of the pass on its path (shared ones too)
     # log P(token | the tokens before it) for its last `scored` tokens, in order, and the
-    # most likely token where the first of them stands.
+    # most likely token where the first of them stands (where its `after` tokens stand
+    # when it scores none).
     token_logprobs: tuple[float, ...] = ()
     scored_top_token: int | None = None
+    # log P(token | the whole prompt) for each token asked `after` it (an option tree's
+    # branches: the first token of each branch leaving this prompt).
+    after_logprobs: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def held(cls, tokens: int) -> PromptScore:
@@ -109,14 +113,19 @@ class BatchTiming:
 
 
 _NO_LOGITS = np.empty(0, np.float32)  # a scored prompt's `logits` (see PromptScore)
+_Read = tuple[tuple[float, ...], int]  # a row's tokens' log-probabilities, its top token
 
 
-def _token_logprob(logits: npt.NDArray[np.float32], token: int) -> tuple[float, int]:
-    """log P(token) under a row's logits (full-vocabulary log-softmax in float64; NaN stays
-    NaN, for the readout to refuse) and the row's most likely token."""
+def _token_logprobs(
+    logits: npt.NDArray[np.float32], tokens: Sequence[int]
+) -> tuple[tuple[float, ...], int]:
+    """log P(token) of each of `tokens` under a row's logits (full-vocabulary log-softmax in
+    float64, once per row; NaN stays NaN, for the readout to refuse) and the row's most
+    likely token."""
     wide = logits.astype(np.float64)
     top = wide.max()
-    return float(wide[token] - (top + np.log(np.exp(wide - top).sum()))), int(wide.argmax())
+    norm = top + np.log(np.exp(wide - top).sum())
+    return tuple(float(wide[token] - norm) for token in tokens), int(wide.argmax())
 
 
 class LlamaEngine:
@@ -254,6 +263,7 @@ class LlamaEngine:
         continuing: bool = False,
         boundaries: Sequence[Sequence[int]] = (),
         scored: Sequence[int] = (),
+        after: Sequence[Sequence[int]] = (),
     ) -> tuple[list[PromptScore], BatchTiming]:
         """Score every prompt in one pass; prompts share whatever prefix they have in
         common with each other and with the resident prefixes of earlier passes.
@@ -267,7 +277,9 @@ class LlamaEngine:
         `boundaries[i]` are where prompt i's state and system turn end: on a model whose
         memory keeps only whole streams, the layout keeps checkpoints there. `scored[i]`
         (default 0) of prompt i's last tokens get their log-probabilities given the tokens
-        before them (`PromptScore.token_logprobs`), computed in float64 from the logits.
+        before them (`PromptScore.token_logprobs`), computed in float64 from the logits, and
+        each token of `after[i]` its log-probability after the whole prompt
+        (`PromptScore.after_logprobs`): a prompt asked for either keeps no logits.
         """
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -276,8 +288,10 @@ class LlamaEngine:
             raise ValueError("give one continuation list per prompt")
         distinct: dict[tuple[int, ...], set[int]] = {}
         counts: dict[tuple[int, ...], int] = {}
+        following: dict[tuple[int, ...], set[int]] = {}
         for index, (prompt, tokens) in enumerate(zip(prompts, extra, strict=True)):
             distinct.setdefault(tuple(prompt), set()).update(tokens)
+            following.setdefault(tuple(prompt), set()).update(after[index] if after else ())
             count = scored[index] if index < len(scored) else 0
             if counts.setdefault(tuple(prompt), count) != count:
                 raise ValueError("one prompt asked for with two counts of scored tokens")
@@ -292,7 +306,7 @@ class LlamaEngine:
             self.reset()
         started = time.perf_counter()
         wanted = [cuts.get(prompt, ()) for prompt, _ in unique]
-        reads = [counts[prompt] for prompt, _ in unique]
+        reads = [(counts[prompt], sorted(following[prompt])) for prompt, _ in unique]
         try:
             plan, outputs, read = self._plan_and_run(unique, wanted, reads)
         except RefusedCutError as error:
@@ -302,8 +316,12 @@ class LlamaEngine:
         self.cache.commit(plan)
         self._forget_truncated(seq for seq, _ in plan.resident)
         by_prompt = {}
-        for (prompt, tokens), prompt_plan in zip(unique, plan.prompts, strict=True):
+        for (prompt, tokens), prompt_plan, (_, asked) in zip(
+            unique, plan.prompts, reads, strict=True
+        ):
             scored_rows = prompt_plan.scored_rows
+            last = read.get(prompt_plan.last_row) if asked else None
+            first = read[scored_rows[0]] if scored_rows else last
             by_prompt[prompt] = PromptScore(
                 logits=outputs.get(prompt_plan.last_row, _NO_LOGITS),
                 input_tokens=len(prompt),
@@ -313,8 +331,9 @@ class LlamaEngine:
                 },
                 reused_tokens=prompt_plan.reused,
                 rows=prompt_plan.new_rows,
-                token_logprobs=tuple(read[row][0] for row in scored_rows),
-                scored_top_token=read[scored_rows[0]][1] if scored_rows else None,
+                token_logprobs=tuple(read[row][0][0] for row in scored_rows),
+                scored_top_token=None if first is None else first[1],
+                after_logprobs={} if last is None else dict(zip(asked, last[0], strict=True)),
             )
         scores = [by_prompt[tuple(prompt)] for prompt in prompts]
         timing = BatchTiming(
@@ -330,8 +349,8 @@ class LlamaEngine:
         self,
         unique: Sequence[tuple[Sequence[int], Sequence[int]]],
         wanted: Sequence[Sequence[int]],
-        scored: Sequence[int],
-    ) -> tuple[PassPlan, dict[int, npt.NDArray[np.float32]], dict[int, tuple[float, int]]]:
+        asked: Sequence[tuple[int, Sequence[int]]],
+    ) -> tuple[PassPlan, dict[int, npt.NDArray[np.float32]], dict[int, _Read]]:
         """Plan the pass on what the cache holds and run it; on any failure every stream is
         emptied (they no longer match the plan) before the error propagates."""
         try:
@@ -340,17 +359,20 @@ class LlamaEngine:
                 # The one cell limit (a stream holds a prompt and one continuation token, the
                 # planner's rule), checked before any decode: llama.cpp aborts the process on
                 # an oversized batch.
-                plan = self.cache.plan(unique, wanted, scored)
+                plan = self.cache.plan(unique, wanted, [count for count, _ in asked])
             except OverflowError as error:
                 raise CapacityError(str(error)) from None
             kept: set[int] = set()
-            reads: dict[int, int] = {}  # scored row -> the token it scores
-            for (prompt, _), prompt_plan in zip(unique, plan.prompts, strict=True):
+            reads: dict[int, tuple[int, ...]] = {}  # row -> the tokens read there
+            for (prompt, _), prompt_plan, (_, after) in zip(
+                unique, plan.prompts, asked, strict=True
+            ):
                 rows = prompt_plan.scored_rows
-                if rows:
-                    start = len(prompt) - len(rows)
-                    reads.update({row: prompt[start + i] for i, row in enumerate(rows)})
-                else:
+                start = len(prompt) - len(rows)
+                reads.update({row: (prompt[start + i],) for i, row in enumerate(rows)})
+                if after:
+                    reads[prompt_plan.last_row] = tuple(after)
+                elif not rows:
                     kept.update((prompt_plan.last_row, *prompt_plan.continuation_rows))
             return plan, *self._run_pass(plan, kept, reads)
         except BaseException:
@@ -358,14 +380,14 @@ class LlamaEngine:
             raise
 
     def _run_pass(
-        self, plan: PassPlan, kept: set[int], reads: dict[int, int]
-    ) -> tuple[dict[int, npt.NDArray[np.float32]], dict[int, tuple[float, int]]]:
+        self, plan: PassPlan, kept: set[int], reads: dict[int, tuple[int, ...]]
+    ) -> tuple[dict[int, npt.NDArray[np.float32]], dict[int, _Read]]:
         """Execute a pass plan step by step: copies and cuts, then one decode per
         micro-batch. Returns the logits of the `kept` rows, and for each row in `reads` the
-        log-probability of its token and the row's most likely token (read at once, so a
+        log-probabilities of its tokens and the row's most likely token (read at once, so a
         pass holds no vocabulary-sized vector per scored row)."""
         outputs: dict[int, npt.NDArray[np.float32]] = {}
-        read: dict[int, tuple[float, int]] = {}
+        read: dict[int, _Read] = {}
         first_row = 0
         for step in plan.steps:
             for copy in step.copies:
@@ -378,7 +400,7 @@ class LlamaEngine:
                     if row in kept:
                         outputs[row] = self._logits(index)
                     elif row in reads:
-                        read[row] = _token_logprob(self._logits(index), reads[row])
+                        read[row] = _token_logprobs(self._logits(index), reads[row])
                 first_row += len(rows)
         for seq in plan.released:
             self._remove(seq, 0)

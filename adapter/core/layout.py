@@ -17,6 +17,9 @@ only; one row takes those kernels too). This module plans passes that keep both 
 - Prompts of one pass that share more with each other than with any stream (one state asked
   several questions, a prompt and its label continuations) decode that stem once, in a first
   step; it is copied to the others before the second step decodes what each has left.
+- A prompt that grows out of another prompt of the pass and scores its own last tokens (an
+  option tree's edge, adapter.option_tree) is decoded a step after that prompt, from a
+  whole copy of its stream: a tree is decoded level by level, each node once.
 - A step's rows are cut into the micro-batches llama.cpp's equal split makes of them
   (consecutive stream ids, the same number of rows each), so the plan knows every micro-batch
   and can hold (a) and (b).
@@ -162,15 +165,25 @@ def price(
     before it in another stem (a template shared by two states: decoded once per stem)
     once per stem (tests/adapter/test_layout.py); the cache may save more. A prompt whose
     last `scored[i]` tokens are scored (an option's own words, adapter/likelihood.py)
-    decodes at least those rows and the one before them itself: it shares no more.
+    decodes at least those rows and the one before them itself: it shares no more; one
+    that grows out of an earlier prompt of the request (an option tree's edge, sent after
+    the edge it leaves) is charged its own tokens and a copy (`StreamCache._followers`).
     """
     costs = []
+    chain: list[int] = []  # earlier prompts, each a prefix of the next (an option tree's path)
     for index, prompt in enumerate(prompts):
         extra = len(continuations[index])
         if index > 0 and _repeats(prompts, continuations, index):
             costs.append(PromptCost(rows=0, sequences=0, copies=0))
             continue
         length = len(prompt)
+        own = scored[index] if index < len(scored) else 0
+        limit = length - max(MIN_ROWS, own + 1)
+        parent = _grown_from(prompts, chain, index)
+        if own and parent is not None:  # a branch of an option tree: its own edge, copied
+            start = min(len(prompts[parent]), limit)
+            costs.append(PromptCost(length - start, 1, 1, _attended(start, length)))
+            continue
         before = _shared(prompts, index, index - 1)
         if index < len(scored) and scored[index]:
             before = min(before, max(len(prompt) - scored[index] - 1, 0))
@@ -194,6 +207,23 @@ def price(
             PromptCost(rows=work.rows, sequences=1 + extra, copies=1 + extra, cells=work.cells)
         )
     return Price(tuple(costs), copy_rows=-(-stream_cells // COPY_CELLS_PER_ROW))
+
+
+def _grown_from(prompts: Sequence[Sequence[int]], chain: list[int], index: int) -> int | None:
+    """The longest earlier prompt on `chain` that prompt `index` grows out of (the
+    planner's follower rule, StreamCache._followers); `chain` becomes the path to prompt
+    `index`. Prompts sent parents first (an option tree, depth first) keep every parent on
+    the chain, so the whole walk is linear."""
+    prompt = prompts[index]
+    while chain and not _extends(prompt, prompts[chain[-1]]):
+        chain.pop()
+    parent = chain[-1] if chain else None
+    chain.append(index)
+    return parent
+
+
+def _extends(prompt: Sequence[int], prefix: Sequence[int]) -> bool:
+    return len(prefix) < len(prompt) and common_prefix_length(prompt, prefix) == len(prefix)
 
 
 def _attended(first: int, end: int) -> int:
@@ -315,6 +345,11 @@ class _Target:
     reused: int = 0  # of those, taken (at least min_rows of it are left to decode)
     stream: int = -1
     rows: list[int] = field(default_factory=list)  # row ids on its path, stem included
+    # The prompt of the same pass it grows out of (`StreamCache._followers`), the tokens it
+    # takes of it, and the step after which its stream holds all its tokens.
+    parent: _Target | None = None
+    keep: int = 0
+    step: int = 0
 
 
 @dataclass
@@ -446,28 +481,68 @@ class StreamCache:
         for target in targets:
             limit = self._cap(target)
             target.source, target.shared, target.reused = self._best(target.tokens, limit)
-        groups = self._groups(targets)
+        followers = self._followers(targets)
+        groups = self._groups([target for target in targets if target.parent is None])
         self._assign(targets, [group.leader for group in groups])
-        first: list[Copy] = []
-        second: list[Copy] = []
-        stems: dict[int, list[Row]] = {}
-        tails: dict[int, list[Row]] = {}
+        copies: list[list[Copy]] = [[], []]
+        tracks: list[dict[int, list[Row]]] = [{}, {}]
         for group in groups:
             leader = group.leader
-            first.append(self._take_prefix(leader))
+            copies[0].append(self._take_prefix(leader))
             if len(group.members) == 1:
-                stems[leader.stream] = self._rows(leader, leader.reused, len(leader.tokens))
+                tracks[0][leader.stream] = self._rows(leader, leader.reused, len(leader.tokens))
                 continue
-            stems[leader.stream] = self._rows(leader, leader.reused, group.stem)
+            tracks[0][leader.stream] = self._rows(leader, leader.reused, group.stem)
             for target in group.members:
                 target.reused = leader.reused
+                target.step = 1
                 source = None if target is leader else leader.stream
-                second.append(Copy(source, target.stream, group.stem))
-                tails[target.stream] = self._rows(target, group.stem, len(target.tokens))
-        steps = [Step(_copies_first(first), self._micro_batches(stems))]
-        if tails:
-            steps.append(Step(_copies_first(second), self._micro_batches(tails)))
-        return self._finish(targets, groups, steps, len(prompts))
+                copies[1].append(Copy(source, target.stream, group.stem))
+                tracks[1][target.stream] = self._rows(target, group.stem, len(target.tokens))
+        for target in followers:  # parents first: each a step after its parent is whole
+            parent = target.parent
+            assert parent is not None
+            # What it takes from its parent counts as taken, not decoded for it: every row of
+            # the pass is then some prompt's own, and reused and decoded tokens add up to the
+            # input.
+            target.step, target.reused = parent.step + 1, target.keep
+            if target.step == len(tracks):
+                copies.append([])
+                tracks.append({})
+            copies[target.step].append(Copy(parent.stream, target.stream, target.keep))
+            tracks[target.step][target.stream] = self._rows(target, target.keep, len(target.tokens))
+        steps = [
+            Step(_copies_first(step_copies), self._micro_batches(rows))
+            for step_copies, rows in zip(copies, tracks, strict=True)
+            if rows
+        ]
+        return self._finish(targets, groups, followers, steps, len(prompts))
+
+    def _followers(self, targets: list[_Target]) -> list[_Target]:
+        """Branches of an option tree (adapter.option_tree) that grow out of another prompt
+        of the pass: a target whose last tokens are scored takes the most it can of a
+        prompt of the pass that is a prefix of it (all of it, or short of the rows it must
+        decode itself: `_cap`; on memory that keeps whole streams, only all of it), when
+        that is more than a stream gives it. It is decoded a step after that prompt, from a
+        copy of that prompt's stream cut there (`keep`), so a shared branch is decoded once
+        however many branches grow out of it, and every stream still decodes at least
+        `min_rows` rows per micro-batch. Returned parents first."""
+        prompts = [t for t in targets if t.prompt >= 0 and not t.continuation]
+        for target in prompts:
+            if not target.scored:
+                continue
+            limit = self._cap(target)
+            for other in prompts:
+                if len(other.tokens) >= len(target.tokens):
+                    continue
+                if common_prefix(other.tokens, target.tokens) < len(other.tokens):
+                    continue  # not a prefix of it: a sibling (stems share those: `_groups`)
+                keep = min(len(other.tokens), limit)
+                if self.whole_only and keep < len(other.tokens):
+                    continue
+                if keep > max(target.reused, target.keep):
+                    target.parent, target.keep = other, keep
+        return sorted((t for t in prompts if t.parent is not None), key=lambda t: len(t.tokens))
 
     def _checkpoints(
         self, prompts: Sequence[Prompt], boundaries: Sequence[Sequence[int]], room: int
@@ -627,7 +702,12 @@ class StreamCache:
         return tuple(rows)
 
     def _finish(
-        self, targets: list[_Target], groups: list[_Group], steps: list[Step], count: int
+        self,
+        targets: list[_Target],
+        groups: list[_Group],
+        followers: list[_Target],
+        steps: list[Step],
+        count: int,
     ) -> PassPlan:
         numbered: dict[tuple[int, int], int] = {}  # (stream, position) -> row id
         rows = (row for step in steps for batch in step.micro_batches for row in batch)
@@ -645,6 +725,12 @@ class StreamCache:
                 end = len(target.tokens) - 1 - target.scored
                 loose = min(end, max(target.shared, group.common))
                 redecoded += max(loose - stem, 0)
+        for target in followers:  # its parent's path to where it took it, then its own rows
+            parent = target.parent
+            assert parent is not None
+            taken = parent.rows[: len(parent.rows) - (len(parent.tokens) - target.keep)]
+            own = [numbered[(target.stream, p)] for p in range(target.keep, len(target.tokens))]
+            target.rows = taken + own
         prompts = []
         for index in range(count):
             mine = [target for target in targets if target.prompt == index]

@@ -73,6 +73,7 @@ class _Job:
     price: Price  # adapter.core.layout: what each prompt adds to a pass
     boundaries: Sequence[Sequence[int]]  # per prompt: where checkpoints may be kept
     scored: Sequence[int]  # per prompt: its last tokens whose log-probabilities are read
+    after: Sequence[Sequence[int]]  # per prompt: tokens whose log-probability after it is read
     held_only: Sequence[bool]  # per prompt: sent only to be held (a chunk), never read
     deadline: float
     enqueued: float
@@ -164,6 +165,7 @@ class Scheduler:
         cost: Price | None = None,
         boundaries: Sequence[Sequence[int]] = (),
         scored: Sequence[int] = (),
+        after: Sequence[Sequence[int]] = (),
         held_only: Sequence[bool] = (),
         retry_token: str | None = None,
     ) -> _Job:
@@ -171,19 +173,29 @@ class Scheduler:
         `cost` is the request's price if the caller already asked the layout for it (the
         service does, for the request budget); `boundaries` per prompt, where the engine
         may keep checkpoints, and `scored` per prompt, how many of its last tokens are
-        scored (LlamaEngine.score); `held_only` per prompt, whether it is sent only to be
-        held for the prompts after it (a long prompt's leading chunk: its score is never
-        read); `retry_token` the place in the retry line an earlier refusal gave its
-        client."""
+        scored, and `after` the tokens read after it (LlamaEngine.score); `held_only` per
+        prompt, whether it is sent only to be held for the prompts after it (a long
+        prompt's leading chunk: its score is never read); `retry_token` the place in the
+        retry line an earlier refusal gave its client."""
         if cost is None:
             cost = price(
                 prompts, continuations, stream_cells=self.engine.stream_cells, scored=scored
             )
         cuts = boundaries or [()] * len(prompts)
         counts = scored or [0] * len(prompts)
+        following = after or [()] * len(prompts)
         held = held_only or [False] * len(prompts)
         job = _Job(
-            prompts, continuations, cost, cuts, counts, held, deadline, time.monotonic(), cancel
+            prompts,
+            continuations,
+            cost,
+            cuts,
+            counts,
+            following,
+            held,
+            deadline,
+            time.monotonic(),
+            cancel,
         )
         with self._condition:
             self._admit(retry_token, claim=True)
@@ -343,6 +355,7 @@ class Scheduler:
         ]
         boundaries = [job.boundaries[i] for job, start, end in batch for i in range(start, end)]
         scored = [job.scored[i] for job, start, end in batch for i in range(start, end)]
+        after = [job.after[i] for job, start, end in batch for i in range(start, end)]
         started = time.monotonic()
         for job, _, _ in batch:
             if job.started is None:
@@ -356,6 +369,7 @@ class Scheduler:
                 continuing=all(start > 0 for _, start, _ in batch),
                 boundaries=boundaries,
                 scored=scored,
+                after=after,
             )
         except Exception as error:  # the worker outlives any one pass
             self._failed(error)

@@ -16,6 +16,7 @@ from adapter.core.layout import (
     Work,
     price,
 )
+from adapter.option_tree import option_tree
 
 Prompt = tuple[Sequence[int], Sequence[int]]
 TEMPLATE = list(range(1000, 1040))
@@ -466,3 +467,82 @@ def test_price_bounds_what_scored_branches_decode(seed: int) -> None:
     bound = sum(c.rows for c in cost.prompts) + len(TEMPLATE) * states
     assert len(plan.rows) <= 1.25 * bound, seed
     assert sum(c.rows for c in cost.prompts) >= sum(count + 1 for count in scored)
+
+
+def _simulate(plan: PassPlan, streams: dict[int, list[int]]) -> None:
+    """Run a plan on token lists: copies (a stream's first `keep` cells), then every row
+    appended where llama.cpp would put it."""
+    for step in plan.steps:
+        for copy in step.copies:
+            held = streams.get(copy.target if copy.source is None else copy.source, [])
+            assert copy.keep <= len(held)
+            streams[copy.target] = held[: copy.keep]
+        for batch in step.micro_batches:
+            for row in batch:
+                assert row.position == len(streams.setdefault(row.seq, []))
+                streams[row.seq].append(row.token)
+    for seq in plan.released:
+        streams[seq] = []
+
+
+def _tree_prompts(rng: random.Random, *, whole_streams: bool) -> tuple[list[list[int]], list[int]]:
+    """A likelihood question's option tree (adapter.option_tree) as the service sends it:
+    options sharing prefixes at several depths, some ending where others go on."""
+    prompt = _prompt(rng.randint(1, 5), 100, rng.randint(20, 200))
+    heads = [rng.sample(range(600, 700), rng.randint(1, 4)) for _ in range(rng.randint(1, 4))]
+    options = {
+        (*rng.choice(heads), *rng.sample(range(700, 800), rng.randint(0, 3)), 9)
+        for _ in range(rng.randint(2, 24))
+    }
+    tree = option_tree(sorted(options), whole_streams=whole_streams)
+    prompts = [[*prompt, *edge.path] for edge in tree.edges]
+    return prompts, [edge.scored for edge in tree.edges]
+
+
+@pytest.mark.parametrize("whole_only", [False, True], ids=["cuts", "whole-streams"])
+def test_an_option_tree_decodes_every_edge_once_from_a_copy_of_its_parent(
+    whole_only: bool,
+) -> None:
+    """Over random option trees, in one pass on an empty cache and in passes of random
+    sizes on a warm one: every stream holds exactly its prompt's tokens (copies and rows
+    replayed), the micro-batches stay exact, every scored row stands before its token on
+    the prompt's own path, and one pass decodes the prompt once and each edge once, which
+    is what the price charges (a one-token edge: the row before it too; kept whole, such
+    edges are carried below instead)."""
+    rng = random.Random(20261205)
+    for _ in range(40):
+        prompts, scored = _tree_prompts(rng, whole_streams=whole_only)
+        root = len(prompts[0])
+        cache = StreamCache(64, 1024, exact=True, whole_only=whole_only)
+        plan = cache.plan([(p, []) for p in prompts], scored=scored)
+        _check_micro_batches(plan, exact=True)
+        streams: dict[int, list[int]] = {}
+        _simulate(plan, streams)
+        for seq, resident in plan.resident:
+            assert streams[seq] == resident.tolist()
+        rows = plan.rows
+        for prompt, count, prompt_plan in zip(prompts, scored, plan.prompts, strict=True):
+            positions = [rows[row].position for row in prompt_plan.scored_rows]
+            assert positions == list(range(len(prompt) - count - 1, len(prompt) - 1))
+            assert rows[prompt_plan.last_row].position == len(prompt) - 1
+        # Each edge decodes its own tokens, a one-token edge the row before it too.
+        grown = sum(
+            len(p) - min(max(len(q) for q in prompts[:i] if p[: len(q)] == q), len(p) - MIN_ROWS)
+            for i, p in enumerate(prompts)
+            if i
+        )
+        assert len(rows) == root + grown
+        cost = price(prompts, [[] for _ in prompts], stream_cells=1024, scored=scored)
+        assert sum(c.rows for c in cost.prompts[1:]) == grown
+        warm = StreamCache(12, 1024, exact=True, whole_only=whole_only)
+        held: dict[int, list[int]] = {}
+        start = 0
+        while start < len(prompts):
+            end = min(len(prompts), start + rng.randint(1, 10))
+            part = warm.plan([(p, []) for p in prompts[start:end]], scored=scored[start:end])
+            _check_micro_batches(part, exact=True)
+            _simulate(part, held)
+            for seq, tokens in part.resident:
+                assert held[seq] == tokens.tolist()
+            warm.commit(part)
+            start = end

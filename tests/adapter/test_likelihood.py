@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
@@ -19,9 +20,11 @@ from adapter.likelihood import Listing, ReadoutChoice, option_tokens, read_likel
 from adapter.ordering import Variants, arrange, canonical_order
 from adapter.prompts import (
     ChatTemplate,
+    RenderedPrompt,
     answer_text,
     likelihood_messages,
     render_likelihood_prompt,
+    render_neutral_prompt,
     with_answer,
 )
 from adapter.readout import NonFiniteLogitsError, log_probabilities
@@ -146,11 +149,16 @@ def _decision(options: tuple[tuple[str, str], ...] = OPTIONS) -> Decision:
 
 
 def _brute_force(
-    service: DecisionService, fresh: DecisionService, arranged: Decision, listing: Listing
+    service: DecisionService,
+    fresh: DecisionService,
+    arranged: Decision,
+    listing: Listing,
+    prompt: RenderedPrompt | None = None,
 ) -> list[float]:
-    """Each option's joint log-probability, one token at a time: the prompt plus the
-    option's first j tokens decoded alone on an empty cache, the last row's logits read."""
-    prompt = render_likelihood_prompt(service.template, arranged, listing)
+    """Each option's joint log-probability, one token at a time: the prompt (the
+    question's, else `prompt`) plus the option's first j tokens decoded alone on an empty
+    cache, the last row's logits read."""
+    prompt = prompt or render_likelihood_prompt(service.template, arranged, listing)
     tokens = service.tokenize_prompt(prompt, "decision")
     joint = []
     for option in arranged.options:
@@ -186,6 +194,47 @@ def test_each_options_log_probability_equals_a_separate_forward(
         arranged = arrange(decision, canonical_order(decision.options))
         batch = service.score([arranged, other], ["d", "o"], readouts=[sums, sums])
         assert batch.readouts[0].option_logits == _brute_force(service, fresh, arranged, listing)
+    finally:
+        service.close(10)
+        fresh.close(10)
+
+
+# Options that share prefixes at several depths, one ending where others go on: the tree
+# (adapter.option_tree) carries one-token edges, grows edges out of edges, and reads that
+# option's end of turn after the branch point.
+TREE_OPTIONS = (
+    ("a", "Billing: refund the order"),
+    ("b", "Billing: refund the order in full"),
+    ("c", "Billing: refund the shipping"),
+    ("d", "Billing: invoice"),
+    ("e", "Billing"),
+    ("f", "Shipping: resend"),
+    ("g", "Shipping: resend it by courier"),
+)
+
+
+@pytest.mark.parametrize("normalization", ["sum", "pmi"])
+def test_an_option_tree_reads_what_each_branch_alone_reads(
+    tiny_any_gguf: Path, normalization: str
+) -> None:
+    """Options sharing prefixes are decoded as a tree, each shared prefix once, on every
+    memory kind; every option's joint log-probability is bit for bit what decoding each of
+    its prefixes alone gives (pmi: its neutral branches form a tree of their own)."""
+    service = service_of(open_test_model(tiny_any_gguf))
+    fresh = service_of(open_test_model(tiny_any_gguf))
+    try:
+        decision = _decision(TREE_OPTIONS)
+        arranged = arrange(decision, canonical_order(decision.options))
+        choice = ReadoutChoice("likelihood", normalization)  # type: ignore[arg-type]
+        batch = service.score([arranged], ["d"], readouts=[choice])
+        joint = _brute_force(service, fresh, arranged, "unlisted")
+        if normalization == "pmi":
+            neutral = render_neutral_prompt(service.template, "unlisted")
+            prior = _brute_force(service, fresh, arranged, "unlisted", neutral)
+            joint = [
+                float(np.float64(j) - np.float64(n)) for j, n in zip(joint, prior, strict=True)
+            ]
+        assert batch.readouts[0].option_logits == joint
     finally:
         service.close(10)
         fresh.close(10)
@@ -331,7 +380,7 @@ def test_the_request_token_budget_charges_every_branch(tiny_model_dir: Path) -> 
     """Each branch is charged (its rows and its stream's copy): 80 options fit the prompt
     limit one by one, not the request budget all together."""
     options = [(f"o{i}", f"Opt {i}.") for i in range(80)]
-    settings = Settings(model_dir=tiny_model_dir, max_tokens=700, max_request_tokens=700)
+    settings = Settings(model_dir=tiny_model_dir, max_tokens=700, max_request_tokens=400)
     with serving(settings) as limited:
         response = limited.post("/invocations", content=json.dumps(_ask(options)), headers=HEADERS)
         assert response.status_code == 400, response.text

@@ -98,6 +98,7 @@ class FakeEngine:
         continuing: bool,
         boundaries: Sequence[Sequence[int]] = (),
         scored: Sequence[int] = (),
+        after: Sequence[Sequence[int]] = (),
     ) -> tuple[list[PromptScore], BatchTiming]:
         started = self.clock.monotonic()
         self.entered.set()
