@@ -31,16 +31,21 @@ class Answer:
 
 
 def validate_answer(
-    labels: Sequence[str], option_ids: Sequence[str], probabilities: Sequence[float]
+    labels: Sequence[str],
+    option_ids: Sequence[str],
+    probabilities: Sequence[float],
+    *,
+    distribution: bool = True,
 ) -> Answer | None:
-    """Return the answer if it covers exactly `labels` with a proper distribution, else None."""
+    """Return the answer if it covers exactly `labels` with a proper distribution (or, not
+    `distribution`: a multi-label answer, each option's own probability), else None."""
     if len(option_ids) != len(probabilities) or len(set(option_ids)) != len(option_ids):
         return None
     if set(option_ids) != set(labels) or len(option_ids) != len(labels):
         return None
     if not all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in probabilities):
         return None
-    if abs(math.fsum(probabilities) - 1.0) > SUM_TOLERANCE:
+    if distribution and abs(math.fsum(probabilities) - 1.0) > SUM_TOLERANCE:
         return None
     return Answer(dict(zip(option_ids, probabilities, strict=True)))
 

@@ -11,7 +11,8 @@ Invoker for a running server, e.g. bench/report.py's local server) measures thre
 - prior: semif-calibrate's held-out comparison (bench.calibrate): canonical with the
   cross-fitted position prior divided out against canonical and debiased;
 - prediction sets: semif-calibrate --conformal's coverage and mean set size per coverage
-  asked, for the letters (canonical) and each likelihood normalization (bench.conformal_fit);
+  asked, for the letters (canonical), each likelihood normalization (bench.conformal_fit)
+  and the choice tasks read as multi-label questions (bench.multi_label_fit);
 - cost: as_given against debiased for 3, 5 and 8 options on states of about 150 and 1,000
   tokens, each state new to the server so its prefill is counted: evaluated tokens and the
   client's seconds per request (serial, so no queueing), medians over repeats;
@@ -25,6 +26,10 @@ Invoker for a running server, e.g. bench/report.py's local server) measures thre
   the prompt lists the options: the same figures on a second server whose
   SEMIF_LIKELIHOOD_PROMPT is `listed` (the default is `unlisted`; `--local` starts it,
   `--listed-url` names one).
+The command also measures coherence on the same server (bench.coherence): the share of
+cases whose answers keep each metamorphic relation (permutation, batch, choice set, clones,
+complement, conjunction, disjunction, paraphrase), per reading and question kind;
+`--only coherence` measures it alone.
 Plumbing numbers, not accuracy claims: the smoke tasks are few and easy to overfit.
 """
 
@@ -34,6 +39,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -45,10 +51,18 @@ import numpy as np
 from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS
 from adapter.schema import Decision, Option
 from bench.calibrate import DEFAULT_FOLDS, calibrate, score_all
+from bench.coherence import COHERENCE_CASES, format_coherence, load_cases, run_coherence
 from bench.conformal_fit import format_coverage
 from bench.local import serve_model
 from bench.metrics import Answer, accuracy, brier_score, log_loss
-from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, read_answer
+from bench.runner import (
+    DEFAULT_MODEL_CACHE,
+    LIKELIHOOD_READINGS,
+    Invoker,
+    finite,
+    open_client,
+    read_answer,
+)
 from bench.tasks import SMOKE_TASKS, Task, load_tasks, single_body
 from model_build.calibration import OPTION_ORDERS
 from model_build.embedded import fetch_embedded_model
@@ -61,13 +75,10 @@ COST_REPEATS = 3
 # One filler sentence of a support ticket; about 16 tokens with SmolLM2's tokenizer.
 FILLER = "The customer wrote again about order 4411, the late parcel and the refund promised. "
 FILLER_TOKENS = 16
-# How each reading is asked for (policy fields of a decision body).
+# How each letters reading is asked for (policy fields of a decision body; the likelihood
+# readout's: bench.runner.LIKELIHOOD_READINGS).
 LETTER_READINGS: dict[str, dict[str, str]] = {
     mode: {"option_order": mode} for mode in OPTION_ORDERS
-}
-LIKELIHOOD_READINGS: dict[str, dict[str, str]] = {
-    normalization: {"readout": "likelihood", "normalization": normalization}
-    for normalization in ("sum", "mean", "pmi")
 }
 LIKELIHOOD_COST_OPTIONS = (3, 5, 8, 32)
 LIKELIHOOD_COST_STATE = 150
@@ -370,8 +381,20 @@ def run_listing(
 
 
 def format_quality(report: Mapping[str, Any]) -> str:
-    """The tables as text: the letters' (when measured), then the likelihood readout's."""
+    """The tables as text: the letters' (when measured), the likelihood readout's, then
+    coherence's (each where the report has it: `--only coherence` has no other)."""
     lines = format_letters(report) if "invariance" in report else []
+    if "likelihood" in report:
+        lines += format_likelihood(report)
+    if "coherence" in report:
+        lines += ["", *format_coherence(report["coherence"])]
+    return "\n".join(lines).lstrip("\n")
+
+
+def format_likelihood(report: Mapping[str, Any]) -> list[str]:
+    """The likelihood readout's tables (with the letters' invariance beside its own when
+    both were measured), and the prediction sets."""
+    lines: list[str] = []
     likelihood = report["likelihood"]
     if "invariance" in likelihood:
         invariance = report["invariance"]
@@ -406,7 +429,7 @@ def format_quality(report: Mapping[str, Any]) -> str:
         "prediction sets (held out, random halves)",
         *format_coverage(report["conformal"]),
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def listing_of(prompt_version: str) -> str:
@@ -528,25 +551,48 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_false",
         help="with --local: skip the second server (the listed likelihood prompt)",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--cases", type=Path, default=COHERENCE_CASES, help="coherence cases JSONL file"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("coherence",),
+        help="measure this figure alone (coherence: bench.coherence, a few minutes)",
+    )
+    args = parser.parse_args(argv)
+    if args.only and (args.listed_url or not args.letters):
+        parser.error(
+            f"--only {args.only} measures no other figure: drop --listed-url and --likelihood-only"
+        )
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(arguments)
     tasks = load_tasks(args.tasks)
+    cases = load_cases(args.cases)
+    command = " ".join(["semif-bench-quality", *arguments])
 
     def client_of(url: str) -> Invoker:
         return open_client(url=url, endpoint=None, region=None, timeout_s=args.timeout)
 
     def run(url: str) -> dict[str, Any]:
-        return run_quality(
-            client_of(url),
-            tasks,
-            seed=args.seed,
-            folds=args.folds,
-            cost_repeats=args.repeats,
-            letters=args.letters,
+        client = client_of(url)
+        report: dict[str, Any] = (
+            {"schema": SCHEMA}
+            if args.only
+            else run_quality(
+                client,
+                tasks,
+                seed=args.seed,
+                folds=args.folds,
+                cost_repeats=args.repeats,
+                letters=args.letters,
+            )
         )
+        report["coherence"] = run_coherence(client, cases, command=command)
+        return report
 
     def listed(url: str) -> dict[str, Any]:
         return run_listing(client_of(url), tasks, cost_repeats=args.repeats)
@@ -555,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         gguf = args.gguf or fetch_embedded_model(DEFAULT_MODEL_CACHE)
         with serve_model(gguf, log_dir=args.out, threads=args.threads) as server:
             report = run(server.base_url)
-        if args.listed:
+        if args.listed and not args.only:
             other = {"SEMIF_LIKELIHOOD_PROMPT": "listed"}
             with serve_model(
                 gguf, log_dir=args.out, threads=args.threads, settings=other, name="serve-listed"
@@ -568,7 +614,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "bench-quality.json"
     path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    print(f"{len(tasks)} tasks from {args.tasks}")
+    if not args.only:
+        print(f"{len(tasks)} tasks from {args.tasks}")
+    print(f"{len(cases)} coherence cases from {args.cases}")
     print(format_quality(report))
     print(f"JSON: {path}")
 

@@ -40,7 +40,7 @@ from bench.metrics import (
 )
 from bench.tasks import SMOKE_TASKS, Task, load_tasks
 from client.decision_client import DecisionClient, EndpointError, RetryPolicy
-from model_build.calibration import OPTION_ORDERS
+from model_build.calibration import NORMALIZATIONS, OPTION_ORDERS
 from model_build.embedded import fetch_embedded_model
 
 SCHEMA = "semif-bench-tasks/1"
@@ -48,6 +48,12 @@ SMOKE_TASK_COUNT = 4
 DEFAULT_MODEL_CACHE = Path(".cache/models")
 DEFAULT_TARGET_ACCURACY = 0.9
 NO_POLICY: Mapping[str, Any] = MappingProxyType({})  # read with the server's defaults
+# How the likelihood readout is asked for under each normalization (policy fields of a
+# decision body), for the benchmarks that compare readings.
+LIKELIHOOD_READINGS: dict[str, dict[str, str]] = {
+    normalization: {"readout": "likelihood", "normalization": normalization}
+    for normalization in NORMALIZATIONS
+}
 
 
 class Invoker(Protocol):
@@ -105,15 +111,7 @@ def read_answer(task: Task, response: Mapping[str, Any]) -> Outcome:
     result = response.get("result")
     if not isinstance(result, Mapping):
         return Outcome(task, None, 0.0, error="response has no result object")
-    option_ids, probabilities = result.get("option_ids"), result.get("probabilities")
-    answer = None
-    if isinstance(option_ids, list) and isinstance(probabilities, list):
-        try:
-            answer = validate_answer(
-                task.labels, [str(o) for o in option_ids], [float(p) for p in probabilities]
-            )
-        except (TypeError, ValueError):
-            answer = None
+    answer = parse_answer(task.labels, result)
     timing = result.get("timing")
     return Outcome(
         task,
@@ -125,6 +123,23 @@ def read_answer(task: Task, response: Mapping[str, Any]) -> Outcome:
         else None,
         error=None if answer else "probabilities do not cover exactly the labels or sum to 1",
     )
+
+
+def parse_answer(labels: Sequence[str], result: Mapping[str, Any]) -> Answer | None:
+    """A result's distribution over `labels` (a multi-label result's probabilities, each
+    option's own); None when it is malformed or is not one."""
+    option_ids, probabilities = result.get("option_ids"), result.get("probabilities")
+    if not isinstance(option_ids, list) or not isinstance(probabilities, list):
+        return None
+    try:
+        return validate_answer(
+            labels,
+            [str(o) for o in option_ids],
+            [float(p) for p in probabilities],
+            distribution=result.get("kind", "choice") != "multi_label",
+        )
+    except (TypeError, ValueError):
+        return None
 
 
 def _int_or_none(value: Any) -> int | None:

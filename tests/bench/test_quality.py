@@ -124,12 +124,14 @@ def test_a_run_shows_canonical_and_debiased_invariant(tiny_model_dir: Path) -> N
     assert "unlisted name mean" in short
     calibrated = report["likelihood_calibration"]["likelihood mean"]
     assert set(calibrated) == {"uncalibrated", "calibrated"}
-    # Prediction sets for the letters and every normalization, each coverage and method.
+    # Prediction sets for the letters, every normalization and the choice tasks read as
+    # multi-label questions, each coverage and method.
     assert set(report["conformal"]) == {
         "letters",
         "likelihood:sum",
         "likelihood:mean",
         "likelihood:pmi",
+        "multi_label",
     }
     assert set(report["conformal"]["letters"]["0.9"]) == {"lac", "aps"}
     assert "prediction sets (held out" in text
