@@ -13,8 +13,10 @@ engine and a server measured together would steal each other's cores). Each roun
 After the rounds, once, the concurrency phase (bench.concurrency): closed-loop clients at
 several levels against the limit of one batched engine call, the same server with batching
 off, and llama.cpp's own llama-server (built from the vendored sources, bench.peer_server).
-Last, the offline phase (bench.offline): `semif batch local` on a shuffled file against
-the same lines sent online and against an in-process limit.
+Then the offline phase (bench.offline): `semif batch local` on a shuffled file against
+the same lines sent online and against an in-process limit. Last, in-process, a likelihood
+question's branches (bench.branch_tokens): the request thread's time for 1,024 options
+against its limit, and the rows an option tree decodes against its nodes.
 Each figure is a ratio with its goal; a MISS is reported, never an error exit.
 """
 
@@ -41,6 +43,16 @@ from adapter.core.engine import BatchTiming
 from adapter.prompts import ANSWER_LETTERS
 from adapter.schema import Decision
 from adapter.settings import Settings
+from bench.branch_tokens import (
+    BRANCH_STATE_TOKENS,
+    LIMIT_SECONDS,
+    TREE_BRANCHES,
+    TREE_LIMIT,
+    TREE_STATE_TOKENS,
+    measure,
+    measure_tree,
+    open_service,
+)
 from bench.concurrency import (
     PEER_TOP_TOKENS,
     ConcurrencyRun,
@@ -87,7 +99,8 @@ class Sizes:
     rounds: int
     repeats: int  # per round, of the shared request and of follow-up questions
     concurrency: Plan  # once, after the rounds
-    offline: OfflinePlan  # once, last
+    offline: OfflinePlan  # once, after the concurrency phase
+    option_counts: tuple[int, ...] = (32, 255, 1024)  # figure 9's likelihood questions
 
 
 FULL = Sizes(
@@ -125,6 +138,7 @@ SMOKE = Sizes(
         head_of_line_decisions=6,
     ),
     offline=OfflinePlan(states=3, questions=3, state_events=2, online_clients=4),
+    option_counts=(32,),
 )
 
 
@@ -817,6 +831,52 @@ def offline_figures(run: OfflineRun) -> list[Figure]:
     ]
 
 
+def branch_figures(gguf: Path, counts: Sequence[int], threads: int) -> list[Figure]:
+    """Figures 9a-9d: the rows each option tree decodes against its nodes plus the state
+    (adapter.option_tree), and the request thread's time for the largest question's
+    branches against LIMIT_SECONDS (bench.branch_tokens, in-process, one at a time)."""
+    service = open_service(gguf, TREE_STATE_TOKENS, threads, TREE_BRANCHES)
+    try:
+        trees = measure_tree(service, counts)
+    finally:
+        service.close(5)
+    service = open_service(gguf, BRANCH_STATE_TOKENS, threads)
+    try:
+        built = measure(service, BRANCH_STATE_TOKENS, counts=counts[-1:], repeats=3)
+    finally:
+        service.close(5)
+    figures = [
+        Figure(
+            f"option_tree_{tree.options}",
+            f"9{'abc'[index]} Option tree, {tree.options} options: rows decoded",
+            float(tree.rows),
+            "rows",
+            float(tree.nodes),
+            "tree nodes + state",
+            "rows",
+            Goal("<=", TREE_LIMIT),
+            {"passes": tree.passes, "seconds": tree.seconds},
+        )
+        for index, tree in enumerate(trees)
+    ]
+    figures += [
+        Figure(
+            f"branches_request_thread_{row.normalization}",
+            f"9d Likelihood branches, {row.options} options, {row.normalization}: request thread",
+            row.after,
+            "OptionBranches.work",
+            LIMIT_SECONDS,
+            "limit",
+            "seconds",
+            Goal("<=", 1.0),
+            {"before_seconds": row.before, "prompt_tokens": row.prompt_tokens},
+            None if row.identical else "the tail and the whole prompt built different work",
+        )
+        for row in built
+    ]
+    return figures
+
+
 def peer_binary(args: argparse.Namespace) -> tuple[PeerBinary | None, str | None]:
     """llama-server for the concurrency phase, or why it is skipped. A full run builds it
     (minutes, once per version); --smoke only uses one a full run left in the cache."""
@@ -853,6 +913,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-offline", action="store_true", help="skip the offline figures (8)")
     parser.add_argument("--offline-only", action="store_true", help="only the offline figures (8)")
+    parser.add_argument(
+        "--no-branches", action="store_true", help="skip the likelihood branches' figures (9)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     parser.add_argument(
         "--tiny-hybrid",
@@ -1006,6 +1069,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         figures += offline_figures(offline_run)
         report["offline"] = offline_run.as_json()
+    if not (args.no_branches or args.overload_only or args.concurrency_only or args.offline_only):
+        print(f"likelihood branches: {sizes.option_counts} options, in-process", flush=True)
+        figures += branch_figures(gguf, sizes.option_counts, args.threads)
     report["run"]["load_average_at_end"] = os.getloadavg()
     report["figures"] = {figure.key: figure.as_json() for figure in figures}
     report["samples"] = {

@@ -56,6 +56,8 @@ MAY_BE_ZERO = ("concurrency_client_failure_time_c8",)
 # The smoke run uses llama-server only when a full run has built it (minutes of compiling).
 LLAMA_SERVER_FIGURES = ("peer_throughput_c4", "peer_p95_c4")
 OFFLINE_FIGURES = ("offline_vs_limit", "offline_vs_online")
+# --smoke: one option count, 32 (bench.report.SMOKE.option_counts).
+BRANCH_FIGURES = ("option_tree_32", "branches_request_thread_mean", "branches_request_thread_pmi")
 
 
 def test_goals_and_verdicts() -> None:
@@ -213,7 +215,10 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     expected = tuple(key for key in FIGURES if key not in skipped)
     assert (
         tuple(report["figures"])
-        == expected + (LLAMA_SERVER_FIGURES if with_llama_server else ()) + OFFLINE_FIGURES
+        == expected
+        + (LLAMA_SERVER_FIGURES if with_llama_server else ())
+        + OFFLINE_FIGURES
+        + BRANCH_FIGURES
     )
     for key, figure in report["figures"].items():
         for field in ("measured", "reference", "ratio"):
