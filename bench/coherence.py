@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +56,14 @@ from adapter.schema import Decision, Option, parse_decision
 from adapter.systemone import question_options
 from bench.calibrate import LOG_FLOOR
 from bench.metrics import Answer
-from bench.runner import LIKELIHOOD_READINGS, Invoker, finite, parse_answer, target_client
+from bench.runner import (
+    LIKELIHOOD_READINGS,
+    Invoker,
+    add_target_arguments,
+    finite,
+    parse_answer,
+    target_client,
+)
 from bench.tasks import NOUL_LABELS, decision_json, parse_lines, shared_body, single_body
 
 SCHEMA = "semif-bench-coherence/1"
@@ -469,16 +475,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.coherence", description=__doc__.splitlines()[0]
     )
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--url", help="base URL of a running server")
-    target.add_argument("--endpoint", help="SageMaker endpoint name (uses AWS credentials)")
-    target.add_argument("--local", action="store_true", help="start `serve` on the embedded model")
-    parser.add_argument("--region", help="AWS region of --endpoint")
+    add_target_arguments(parser)
     parser.add_argument("--cases", type=Path, default=COHERENCE_CASES, help="cases JSONL file")
-    parser.add_argument("--gguf", type=Path, help="with --local: serve this GGUF instead")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
-    parser.add_argument("--out", type=Path, default=Path(".cache/bench"), help="output folder")
     return parser.parse_args(argv)
 
 

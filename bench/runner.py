@@ -339,20 +339,27 @@ def build_report(
     return finite_report
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="semif-bench-tasks", description=__doc__.splitlines()[0])
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """What `target_client` reads: a running server (--url), a SageMaker endpoint, or a
+    local `serve` (--local, --gguf, --threads); the timeout per request and the folder a
+    local server logs to (--out)."""
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="base URL of a running server, e.g. http://127.0.0.1:8080")
     target.add_argument("--endpoint", help="SageMaker endpoint name (uses AWS credentials)")
     target.add_argument("--local", action="store_true", help="start `serve` on the embedded model")
     parser.add_argument("--region", help="AWS region of --endpoint")
+    parser.add_argument("--gguf", type=Path, help="with --local: serve this GGUF instead")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    parser.add_argument("--out", type=Path, default=Path(".cache/bench"), help="output folder")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="semif-bench-tasks", description=__doc__.splitlines()[0])
+    add_target_arguments(parser)
     parser.add_argument("--tasks", type=Path, default=SMOKE_TASKS, help="JevBench JSONL file")
     parser.add_argument("--limit", type=int, help="only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=1, help="concurrent clients")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
-    parser.add_argument("--out", type=Path, default=Path(".cache/bench"), help="output folder")
-    parser.add_argument("--gguf", type=Path, help="with --local: serve this GGUF instead")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--smoke", action="store_true", help=f"first {SMOKE_TASK_COUNT} tasks")
     parser.add_argument(
         "--option-order", choices=OPTION_ORDERS, help="send this option_order (default: server's)"

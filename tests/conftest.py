@@ -65,3 +65,14 @@ def smollm2_gguf() -> Path:
 def tiny_client(tiny_model_dir: Path) -> Iterator[TestClient]:
     with serving(Settings(model_dir=tiny_model_dir, max_tokens=1024, threads=2)) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def tiny_module_client(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path
+) -> Iterator[TestClient]:
+    """`tiny_client` kept for a whole test module (a module of read-only API checks)."""
+    model_dir = tmp_path_factory.mktemp("model")
+    shutil.copy(tiny_gguf, model_dir / tiny_gguf.name)
+    with serving(Settings(model_dir=model_dir, max_tokens=1024, threads=2)) as client:
+        yield client

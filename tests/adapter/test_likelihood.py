@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from adapter.service import DecisionService
 from adapter.settings import Settings, SettingsError, load_settings
 from model_build.tiny_gguf import CHAT_TEMPLATE
 from tests.support.models import open_test_model, service_of
-from tests.support.serving import serving
+from tests.support.serving import post_ok, serving
 
 HEADERS = {"content-type": "application/json"}
 OPTIONS = (
@@ -262,22 +261,6 @@ def test_unlisted_and_labelled_options_stay_bit_identical_under_permutation(
         service.close(10)
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    from model_build.tiny_gguf import write_tiny_gguf
-
-    model_dir = tmp_path_factory.mktemp("model")
-    write_tiny_gguf(model_dir / "tiny.gguf")
-    with serving(Settings(model_dir=model_dir, max_tokens=1024, threads=2)) as served:
-        yield served
-
-
-def _post(client: TestClient, body: Any, path: str = "/invocations") -> Any:
-    response = client.post(path, content=json.dumps(body), headers=HEADERS)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def _ask(options: list[tuple[str, str]], **policy: Any) -> dict[str, Any]:
     listed = [{"id": key, "description": text} for key, text in options]
     decision = {"id": "d", "state": STATE, "question": QUESTION, "options": listed}
@@ -290,7 +273,7 @@ def test_permuting_options_gives_bit_identical_probabilities(
 ) -> None:
     rng = random.Random(normalization)
     options = list(OPTIONS)
-    first = _post(client, _ask(options, normalization=normalization))["result"]
+    first = post_ok(client, _ask(options, normalization=normalization))["result"]
     assert (first["readout"], first["normalization"]) == ("likelihood", normalization)
     assert first["option_order"] == "canonical"
     assert first["prompt_version"] == "semif-option-likelihood-unlisted/1"
@@ -298,18 +281,23 @@ def test_permuting_options_gives_bit_identical_probabilities(
     expected = dict(zip(first["option_ids"], first["probabilities"], strict=True))
     for _ in range(3):
         rng.shuffle(options)
-        result = _post(client, _ask(options, normalization=normalization))["result"]
+        result = post_ok(client, _ask(options, normalization=normalization))["result"]
         assert dict(zip(result["option_ids"], result["probabilities"], strict=True)) == expected
+
+
+@pytest.fixture(scope="module")
+def client(tiny_module_client: TestClient) -> TestClient:
+    return tiny_module_client
 
 
 def test_pmi_divides_out_the_neutral_prompt_once_then_remembers_it(client: TestClient) -> None:
     options = [("x", "A brand new option nobody asked before."), ("y", "And its sibling.")]
-    first = _post(client, _ask(options, normalization="pmi"))["result"]
-    again = _post(client, _ask(options, normalization="pmi"))["result"]
+    first = post_ok(client, _ask(options, normalization="pmi"))["result"]
+    again = post_ok(client, _ask(options, normalization="pmi"))["result"]
     assert again["probabilities"] == first["probabilities"]
     # the second time only the prompt's branches are sent: the neutral ones are remembered
     assert again["input_tokens"] < first["input_tokens"]
-    sums = _post(client, _ask(options, normalization="sum"))["result"]["option_logits"]
+    sums = post_ok(client, _ask(options, normalization="sum"))["result"]["option_logits"]
     assert first["option_logits"] != sums
 
 
@@ -335,9 +323,9 @@ def test_pmi_with_some_neutral_scores_remembered_equals_a_cold_service(tiny_gguf
 def test_shared_state_and_system_one_read_by_likelihood_match_each_alone(
     client: TestClient,
 ) -> None:
-    alone = _post(client, _ask(list(OPTIONS)))["result"]
+    alone = post_ok(client, _ask(list(OPTIONS)))["result"]
     other = [{"id": "yes", "description": "Yes."}, {"id": "no", "description": "No, never."}]
-    shared = _post(
+    shared = post_ok(
         client,
         {
             "decisions": [
@@ -349,7 +337,7 @@ def test_shared_state_and_system_one_read_by_likelihood_match_each_alone(
     )
     assert shared["results"][0]["probabilities"] == alone["probabilities"]
     criteria = {key: text for key, text in OPTIONS}
-    answers = _post(
+    answers = post_ok(
         client,
         {
             "state": STATE,
@@ -371,7 +359,7 @@ def test_shared_state_and_system_one_read_by_likelihood_match_each_alone(
 
 def test_many_multi_token_options_ride_one_request(client: TestClient) -> None:
     options = [(f"o{i}", f"Opt {i}, say.") for i in range(40)]
-    result = _post(client, _ask(options))["result"]
+    result = post_ok(client, _ask(options))["result"]
     assert len(result["probabilities"]) == 40
     assert sum(result["probabilities"]) == pytest.approx(1.0)
 
@@ -418,13 +406,13 @@ def test_labels_change_what_likelihood_scores_and_nothing_the_letters_read(
     labelled = json.loads(json.dumps(plain))
     for option in labelled["decision"]["options"]:
         option["label"] = option["id"]
-    by_text = _post(client, plain)["result"]
-    by_label = _post(client, labelled)["result"]
+    by_text = post_ok(client, plain)["result"]
+    by_label = post_ok(client, labelled)["result"]
     # the default prompt does not list the options: the same prompt, other branches
     assert by_label["prompt_sha256"] == by_text["prompt_sha256"]
     assert by_label["option_logits"] != by_text["option_logits"]
     letters = [
-        _post(client, {**body, "readout": "letters"})["result"] for body in (plain, labelled)
+        post_ok(client, {**body, "readout": "letters"})["result"] for body in (plain, labelled)
     ]
     assert letters[0]["prompt_sha256"] == letters[1]["prompt_sha256"]
     assert letters[0]["probabilities"] == letters[1]["probabilities"]
@@ -443,8 +431,8 @@ def test_clones_split_one_answers_probability_and_move_no_other_option(
         [("a", "Refund it."), ("b", "Pay it back."), ("c", "Keep it."), ("d", "Escalate it.")]
     )
     cloned["decision"]["options"][1]["label"] = "Refund it."
-    one = _post(client, {**alone, "normalization": normalization})["result"]
-    two = _post(client, {**cloned, "normalization": normalization})["result"]
+    one = post_ok(client, {**alone, "normalization": normalization})["result"]
+    two = post_ok(client, {**cloned, "normalization": normalization})["result"]
     p1 = dict(zip(one["option_ids"], one["probabilities"], strict=True))
     p2 = dict(zip(two["option_ids"], two["probabilities"], strict=True))
     assert p2["a"] == p2["b"]

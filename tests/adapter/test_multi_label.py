@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,12 @@ from adapter.schema import (
     parse_decision_body,
 )
 from adapter.service import DecisionService
-from adapter.settings import Settings
 from client.answers import DecisionResult, MultiAnswer, SystemOneAnswers
 from client.cli import format_decision, format_systemone
 from model_build.calibration import Calibration
 from model_build.conformal import ConformalScores, ConformalSection, applies_score
 from tests.support.models import open_test_model, service_of
-from tests.support.serving import serving
+from tests.support.serving import post_ok
 
 STATE = "Order 1182 arrived with a cracked screen and a missing charger; the customer is angry."
 QUESTION = "Which of these issues does the case show?"
@@ -167,29 +165,16 @@ def _calibration() -> Calibration:
     )
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    from model_build.tiny_gguf import write_tiny_gguf
-
-    model_dir = tmp_path_factory.mktemp("model")
-    write_tiny_gguf(model_dir / "tiny.gguf")
-    with serving(Settings(model_dir=model_dir, max_tokens=1024, threads=2)) as served:
-        yield served
-
-
-def _post(client: TestClient, body: Any, path: str = "/invocations") -> Any:
-    response = client.post(path, content=json.dumps(body), headers=HEADERS)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def test_a_multi_label_decision_through_the_api_and_the_client(client: TestClient) -> None:
+def test_a_multi_label_decision_through_the_api_and_the_client(
+    tiny_module_client: TestClient,
+) -> None:
+    client = tiny_module_client
     options: list[dict[str, Any]] = [{"id": key, "description": text} for key, text in TAGS]
     options[0]["threshold"] = 0.0  # always applies
     body = _body(kind="multi_label", options=options)
     body["readout"] = "likelihood"  # a multi-label question is read by letters regardless
     body["min_confidence"] = 1.0
-    result = _post(client, body)["result"]
+    result = post_ok(client, body)["result"]
     probabilities = result["probabilities"]
     assert result["kind"] == "multi_label"
     assert result["readout"] == "letters"
@@ -216,11 +201,14 @@ def test_a_multi_label_decision_through_the_api_and_the_client(client: TestClien
     assert "{damaged" in format_decision(shown)
     # Order: the caller's, and a permutation permutes the answer bit for bit.
     reversed_body = _body(kind="multi_label", options=options[::-1])
-    again = _post(client, reversed_body)["result"]
+    again = post_ok(client, reversed_body)["result"]
     assert again["probabilities"] == probabilities[::-1]
 
 
-def test_multi_questions_in_system_one_and_in_json_lines(client: TestClient) -> None:
+def test_multi_questions_sets_and_clones_in_system_one_and_in_json_lines(
+    tiny_module_client: TestClient,
+) -> None:
+    client = tiny_module_client
     keys = {key: text for key, text in TAGS}
     request: dict[str, Any] = {
         "state": STATE,
@@ -235,7 +223,7 @@ def test_multi_questions_in_system_one_and_in_json_lines(client: TestClient) -> 
             "route": {"type": "choice", "instructions": "Route?", "criteria": {"a": "A", "b": "B"}},
         },
     }
-    body = _post(client, request, "/v1/systemone")
+    body = post_ok(client, request, "/v1/systemone")
     issues = body["answers"]["issues"]
     assert issues["type"] == "multi"
     assert set(issues["probabilities"]) == set(keys)
@@ -244,16 +232,25 @@ def test_multi_questions_in_system_one_and_in_json_lines(client: TestClient) -> 
     parsed = SystemOneAnswers.from_json(body)
     assert isinstance(parsed["issues"], MultiAnswer)
     assert "multi" in format_systemone(parsed)
+    # JSON Lines: each line answered as alone, clones and a refused coverage included.
     decision_body = _body(kind="multi_label")
-    lines = "\n".join([json.dumps(decision_body), json.dumps(request)]).encode()
+    clones = [{"id": "a", "description": "Refund it."}, {"id": "b", "description": "Refund it."}]
+    cloned = _body(options=[*clones, {"id": "c", "description": "Close it."}])
+    cloned["readout"] = "likelihood"
+    covered = {**_body(), "coverage": 0.9}  # the tiny model's manifest has no calibration
+    bodies = [decision_body, request, cloned, covered]
+    lines = "\n".join(json.dumps(body) for body in bodies).encode()
     response = client.post(
         "/invocations", content=lines, headers={"content-type": "application/jsonlines"}
     )
     assert response.status_code == 200, response.text
-    first, second = (json.loads(line) for line in response.text.splitlines())
-    alone = _post(client, decision_body)["result"]
+    first, second, third, fourth = (json.loads(line) for line in response.text.splitlines())
+    alone = post_ok(client, decision_body)["result"]
     assert first["result"]["probabilities"] == alone["probabilities"]
     assert second["answers"]["issues"]["probabilities"] == issues["probabilities"]
+    assert third["result"]["option_clones"] == [["a", "b"]]
+    assert third["result"]["probabilities"] == post_ok(client, cloned)["result"]["probabilities"]
+    assert (fourth["status"], fourth["field"]) == (400, "coverage")
     bad = {**request, "questions": {"x": {**request["questions"]["issues"], "threshold": 2}}}
     refused = client.post("/v1/systemone", content=json.dumps(bad), headers=HEADERS)
     assert refused.status_code == 400

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from starlette.testclient import TestClient
 
@@ -14,6 +16,7 @@ from adapter.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_CACHE = REPO / ".cache" / "models"
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 def wait_until_ready(client: TestClient, timeout: float = 60.0) -> None:
@@ -51,3 +54,10 @@ def decision(
         "question": question,
         "options": [{"id": oid, "description": text} for oid, text in options],
     }
+
+
+def post_ok(client: TestClient, body: Any, path: str = "/invocations") -> Any:
+    """POST a JSON body and return the JSON answer; the test fails unless it is a 200."""
+    response = client.post(path, content=json.dumps(body), headers=JSON_HEADERS)
+    assert response.status_code == 200, response.text
+    return response.json()
