@@ -64,6 +64,13 @@ async def decide_parsed(
         )
     results = scored["results"]
     runtime.metrics.abstentions.inc(sum(1 for result in results if result["abstained"]))
+    runtime.audit.decisions(
+        asked,
+        results,
+        request_id=request_id,
+        model=service.model,
+        seconds=scored["timing"]["total_seconds"],
+    )
     response: dict[str, Any] = {"result": results[0]} if mode == "single" else {"results": results}
     response.update(model=service.model, timing=scored["timing"], request_id=request_id)
     log = {

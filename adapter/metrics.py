@@ -121,6 +121,16 @@ class Metrics:
             ["status"],
             registry=registry,
         )
+        self.audit_records = Counter(
+            "semif_audit_records",
+            "Decision audit records written (SEMIF_AUDIT, adapter.audit)",
+            registry=registry,
+        )
+        self.audit_dropped = Counter(
+            "semif_audit_dropped",
+            "Decision audit records dropped: the writer's queue was full or the log failed",
+            registry=registry,
+        )
         self.abstentions = Counter(
             "semif_abstentions",
             "Decisions answered as abstained (min_confidence, min_allowed_token_mass)",

@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from adapter.audit import AuditLog
 from adapter.backends import cpu_backend, load_backends
 from adapter.calibration import check_calibration
 from adapter.core.engine import LlamaEngine
@@ -191,11 +192,17 @@ class Runtime:
     # Set when in-flight work must stop (the grace period after SIGTERM ran out).
     cancel: threading.Event = field(default_factory=threading.Event)
     metrics: Metrics = field(default_factory=Metrics)  # GET /metrics (adapter.metrics)
+    audit: AuditLog = field(init=False)  # a record per decision answered (SEMIF_AUDIT)
 
     def __post_init__(self) -> None:
         self.metrics.watch(
             queue_depth=lambda: 0 if self.service is None else self.service.queue_depth,
             in_flight=lambda: self.in_flight,
+        )
+        self.audit = AuditLog(
+            self.settings.audit,
+            on_written=self.metrics.audit_records.inc,
+            on_dropped=self.metrics.audit_dropped.inc,
         )
 
     def load(self) -> None:
@@ -252,8 +259,10 @@ class Runtime:
             self.in_flight -= 1
 
     def close(self) -> None:
-        """Free the model; cancels whatever still runs and waits briefly for it to stop."""
+        """Free the model; cancels whatever still runs and waits briefly for it to stop,
+        then writes the audit records still queued."""
         self.stopping = True
         self.cancel.set()
+        self.audit.close()
         if self.service is not None and not self.service.close(CLOSE_WAIT_SECONDS):
             LOG.error("a call still holds the model after cancellation; exiting without freeing")

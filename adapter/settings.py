@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from adapter.kv_memory import AUTO, KvBudget, KvMemoryError
 from adapter.likelihood import (
@@ -32,6 +32,10 @@ from adapter.template_text import TemplateText
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from model_build.calibration import NORMALIZATIONS, OPTION_ORDERS, Normalization, OptionOrder
 from model_build.manifest import ChatTemplateFileError, read_chat_template
+
+# How much each decision's audit record keeps (adapter.audit).
+AuditLevel = Literal["none", "digest", "full"]
+AUDIT_LEVELS: tuple[AuditLevel, ...] = ("none", "digest", "full")
 
 # Where SageMaker unpacks model.tar.gz; serving from here is what "inside SageMaker" means.
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
@@ -134,6 +138,9 @@ class Settings:
     kv_memory: KvBudget = field(default_factory=lambda: KvBudget(AUTO))
     # SEMIF_CHAT_TEMPLATE, read at start: renders prompts instead of the model's template.
     chat_template: TemplateText | None = field(default=None, repr=False)
+    # SEMIF_AUDIT: a record per decision (adapter.audit); `full` keeps request text, so it
+    # needs SEMIF_AUDIT_ALLOW_FULL=true (checked at start).
+    audit: AuditLevel = "none"
 
     @property
     def queue_limits(self) -> QueueLimits:
@@ -398,7 +405,19 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         ),
         kv_memory=_kv_memory(env),
         chat_template=_chat_template(env),
+        audit=_audit(env),
     )
+
+
+def _audit(env: Mapping[str, str]) -> AuditLevel:
+    """SEMIF_AUDIT; `full` records request text, so an environment must opt in to it."""
+    level = _choice(env, "SEMIF_AUDIT", AUDIT_LEVELS, Settings.audit)
+    if level == "full" and not _flag(env, "SEMIF_AUDIT_ALLOW_FULL", default=False):
+        raise SettingsError(
+            "SEMIF_AUDIT=full records every request's text; set SEMIF_AUDIT_ALLOW_FULL=true "
+            "where the environment may keep it, or use SEMIF_AUDIT=digest"
+        )
+    return level
 
 
 def _kv_memory(env: Mapping[str, str]) -> KvBudget:

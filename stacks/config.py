@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 from adapter.calibration import CalibrationMismatchError, check_calibration
 from adapter.kv_memory import KvBudget
-from adapter.settings import Settings, SettingsError, load_settings
+from adapter.settings import AuditLevel, Settings, SettingsError, load_settings
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from cdk_constructs.alarm_topic import require_email
 from cdk_constructs.endpoint_operations import (
@@ -430,6 +430,10 @@ class DecisionEndpointSettings:
     prefix_aware_routing: bool = False
     # A second, asynchronous endpoint on the same image and model; None: none.
     async_endpoint: AsyncEndpointSettings | None = None
+    # SEMIF_AUDIT: a record per decision in the endpoint's log group (docs/adapter.md,
+    # "Audit records"); `full` keeps request text, so the environment must say it may.
+    audit: AuditLevel = "none"
+    allow_full_audit: bool = False
 
     def __post_init__(self) -> None:
         _require_fits(self.rollout, self.autoscaling.min_capacity, "decision.rollout")
@@ -535,6 +539,10 @@ class DecisionEndpointSettings:
         }
         if self.threads is not None:
             environment["SEMIF_THREADS"] = str(self.threads)
+        if self.audit != "none":
+            environment["SEMIF_AUDIT"] = self.audit
+        if self.allow_full_audit:
+            environment["SEMIF_AUDIT_ALLOW_FULL"] = "true"
         return environment
 
     def async_container_environment(self) -> dict[str, str]:

@@ -308,6 +308,17 @@ def test_decision_kv_memory_leaves_the_instance_room(
         build()
 
 
+def test_decision_audit_records_are_per_environment_and_full_needs_an_opt_in() -> None:
+    """SEMIF_AUDIT reaches the container only where an environment asks for records; a
+    `full` level (request text in the logs) fails synth unless the environment allows it."""
+    assert "SEMIF_AUDIT" not in _decision().container_environment()
+    assert _decision(audit="digest").container_environment()["SEMIF_AUDIT"] == "digest"
+    with pytest.raises(ConfigError, match=r"^decision: SEMIF_AUDIT=full .*SEMIF_AUDIT_ALLOW_FULL"):
+        _decision(audit="full")
+    environment = _decision(audit="full", allow_full_audit=True).container_environment()
+    assert (environment["SEMIF_AUDIT"], environment["SEMIF_AUDIT_ALLOW_FULL"]) == ("full", "true")
+
+
 @pytest.mark.parametrize(
     ("instance_type", "weight_buffers", "no_repack"),
     [
