@@ -1,7 +1,8 @@
 """`semif-calibrate`: fit the calibration a model is served with, from labelled decisions.
 
-Scores JevBench-format tasks (the file semif-bench-tasks reads) on a running server, a
-SageMaker endpoint or a local `serve`, then:
+Scores JevBench-format tasks (the file semif-bench-tasks reads; or, with --from-audit and
+--labels, the adapter's full audit records joined with labels: bench.audit_tasks) on a
+running server, a SageMaker endpoint or a local `serve`, then:
 - estimates the position prior for each option count (PriDe): every nominal decision scored
   in each cyclic rotation of its canonical order; the prior is the softmax of the mean
   position log-probability over the rotations, averaged over decisions (no labels used);
@@ -45,6 +46,7 @@ import numpy.typing as npt
 from adapter.calibration import correction, likelihood_correction
 from adapter.ordering import Order, arrange, canonical_order, distribution, plan, rotations
 from adapter.readout import log_softmax, softmax
+from bench.audit_tasks import AuditTasksError, audit_tasks, read_labels, read_source, records
 from bench.conformal_fit import (
     Row,
     conformal_section,
@@ -596,7 +598,16 @@ def format_report(report: Mapping[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="semif-calibrate", description=__doc__.splitlines()[0])
-    parser.add_argument("tasks", type=Path, help="JevBench JSONL file of labelled decisions")
+    parser.add_argument(
+        "tasks", type=Path, nargs="?", help="JevBench JSONL file of labelled decisions"
+    )
+    parser.add_argument(
+        "--from-audit",
+        metavar="RECORDS",
+        help="instead of TASKS: the adapter's full audit records (a file or s3://), joined "
+        "with --labels (bench.audit_tasks)",
+    )
+    parser.add_argument("--labels", help="with --from-audit: JSON Lines of decision_id, label")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="base URL of a running server, e.g. http://127.0.0.1:8080")
     target.add_argument("--endpoint-name", dest="endpoint", help="SageMaker endpoint name")
@@ -625,12 +636,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path(".cache/calibrate"), help="output folder")
     parser.add_argument("--gguf", type=Path, help="with --local: serve this GGUF instead")
     parser.add_argument("--threads", type=int, default=2, help="with --local: llama.cpp threads")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.tasks is None) == (args.from_audit is None):
+        parser.error("give either TASKS or --from-audit RECORDS (with --labels)")
+    if (args.from_audit is None) != (args.labels is None):
+        parser.error("--from-audit and --labels go together")
+    return args
+
+
+def labelled_tasks(args: argparse.Namespace) -> tuple[list[Task], str, str]:
+    """The tasks, where they came from, and the sha256 of what they were read from."""
+    if args.tasks is not None:
+        return load_tasks(args.tasks), str(args.tasks), _sha256(args.tasks.read_bytes())
+    served, known = (read_source(source, args.region) for source in (args.from_audit, args.labels))
+    try:
+        joined = audit_tasks(
+            records(served.decode().splitlines()),
+            read_labels(known.decode().splitlines(), args.labels),
+        )
+    except AuditTasksError as error:
+        sys.exit(f"semif-calibrate: {error}")
+    print(f"{len(joined.tasks)} labelled records ({joined.unlabelled} without a label)")
+    return joined.tasks, f"{args.from_audit} + {args.labels}", _sha256(served + known)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    tasks = load_tasks(args.tasks)
+    tasks, source, source_sha256 = labelled_tasks(args)
     with target_client(args) as (target, client):
         read = score_all(client, tasks, args.likelihood)
     try:
@@ -640,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             folds=args.folds,
             seed=args.seed,
             prompt_version=read.prompt_version,
-            tasks_sha256=hashlib.sha256(args.tasks.read_bytes()).hexdigest(),
+            tasks_sha256=source_sha256,
             likelihood_version=read.likelihood_version,
             conformal=args.conformal,
         )
@@ -650,14 +686,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     calibration_path = args.out / "calibration.json"
     calibration_path.write_text(fitted.to_json(), encoding="utf-8")
     report_path = args.out / "calibrate-report.json"
-    document = {"schema": SCHEMA, "target": target, "tasks_file": str(args.tasks), **report}
+    document = {"schema": SCHEMA, "target": target, "tasks_file": source, **report}
     report_path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", "utf-8")
     png = write_reliability(
         report["reliability"],
         args.out / "reliability.png",
         f"{args.option_order}, {len(tasks)} tasks, {args.folds}-fold held out",
     )
-    print(f"{target}: {len(tasks)} tasks from {args.tasks}, {args.folds}-fold held out")
+    print(f"{target}: {len(tasks)} tasks from {source}, {args.folds}-fold held out")
     print(format_report(report))
     print(f"temperatures ({args.option_order}): {fitted.temperatures}")
     if fitted.likelihood is not None:

@@ -1,0 +1,121 @@
+"""Labelled tasks from what was served: `semif-calibrate --from-audit RECORDS --labels LABELS`.
+
+The adapter's `full` audit records (adapter/audit.py, `SEMIF_AUDIT=full`) keep each
+decision's state, question and options as sent; labels that arrive later name the right
+option by the record's join key. Joined, they are tasks like a JevBench file's, and
+semif-calibrate fits and reports on them exactly as on a task file: the server scores each
+one again in every order the fit needs (a record's own probabilities are one reading in
+one order, not enough for the prior or the held-out report).
+
+RECORDS: a file or an `s3://bucket/key` object of lines, each holding one JSON object whose
+`audit` key is a record; other lines are skipped, and anything before a line's first `{`
+(a CloudWatch Logs export's timestamp) is ignored. LABELS: JSON Lines of `{"decision_id",
+"label"}`, with `request_id` where decision ids repeat across requests (it then must match).
+A labelled record that is not `full` (no request text) or names a label that is not one of
+its options is an error naming it; records without a label are left out, and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapter.errors import RequestError
+from adapter.schema import Decision, Option, parse_decision
+from bench.tasks import Task, decision_json
+from client.aws import aws_client, split_s3_uri
+
+
+class AuditTasksError(ValueError):
+    """The records or the labels cannot give tasks; the message names the line or record."""
+
+
+@dataclass(frozen=True)
+class AuditTasks:
+    """The labelled tasks, and how many records had no label."""
+
+    tasks: list[Task]
+    unlabelled: int
+
+
+def read_source(source: str, region: str | None = None) -> bytes:
+    """A local file's bytes, or an S3 object's."""
+    if source.startswith("s3://"):
+        bucket, key = split_s3_uri(source)
+        body: bytes = aws_client("s3", region).get_object(Bucket=bucket, Key=key)["Body"].read()
+        return body
+    return Path(source).read_bytes()
+
+
+def records(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """Every audit record among `lines` (log lines that are not records are skipped)."""
+    found = []
+    for line in lines:
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            value = json.loads(line[start:])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("audit"), dict):
+            found.append(value["audit"])
+    return found
+
+
+def read_labels(lines: Iterable[str], source: str) -> dict[tuple[str | None, str], str]:
+    """(request id or None, decision id) -> label, from LABELS' JSON lines."""
+    found: dict[tuple[str | None, str], str] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise AuditTasksError(f"{source}:{number}: not JSON ({error.msg})") from None
+        if not isinstance(value, dict) or not all(
+            isinstance(value.get(key), str) for key in ("decision_id", "label")
+        ):
+            raise AuditTasksError(f"{source}:{number}: needs string decision_id and label")
+        request_id = value.get("request_id")
+        found[(request_id if isinstance(request_id, str) else None, value["decision_id"])] = value[
+            "label"
+        ]
+    return found
+
+
+def audit_tasks(
+    served: Iterable[Mapping[str, Any]], known: Mapping[tuple[str | None, str], str]
+) -> AuditTasks:
+    """The labelled records as tasks (a choice question each: a multi-label record is not
+    one), in record order; a decision answered twice under one request id is one task."""
+    tasks: dict[str, Task] = {}
+    unlabelled = 0
+    for record in served:
+        request_id, decision_id = str(record.get("request_id")), str(record.get("decision_id"))
+        label = known.get((request_id, decision_id), known.get((None, decision_id)))
+        if label is None:
+            unlabelled += 1
+            continue
+        name = f"{request_id}/{decision_id}"
+        request = record.get("request")
+        if not isinstance(request, dict) or record.get("kind", "choice") != "choice":
+            raise AuditTasksError(
+                f"record {name}: a labelled record must be a full one (SEMIF_AUDIT=full) of a "
+                "choice question"
+            )
+        try:
+            options = tuple(
+                Option(o["id"], o["description"], o.get("label")) for o in request["options"]
+            )
+            candidate = Decision(name, request["state"], request["question"], options)
+            decision = parse_decision(decision_json(candidate), name)
+        except (KeyError, TypeError, RequestError) as error:
+            raise AuditTasksError(f"record {name}: its request is malformed: {error}") from None
+        if label not in decision.option_ids:
+            raise AuditTasksError(f"record {name}: label {label!r} is not one of its options")
+        tasks[name] = Task(name, "audit", "choice", decision, label)
+    return AuditTasks(list(tasks.values()), unlabelled)
