@@ -34,9 +34,8 @@ from model_build.calibration import Calibration, Normalization, OptionOrder, Que
 from model_build.conformal import (
     ConformalMethod,
     ConformalScores,
-    applies_set,
     fewest_scores,
-    prediction_set,
+    set_members,
     threshold,
 )
 
@@ -172,7 +171,7 @@ def prediction_set_fields(
     threshold (model_build.conformal.applies_set)."""
     held = scores.by_method[method]
     limit = threshold(held, coverage)
-    members = (applies_set if each_alone else prediction_set)(method, probabilities, limit)
+    members = set_members(method, probabilities, limit, each_alone=each_alone)
     return {
         "prediction_set": [option_ids[index] for index in members],
         "set_size": len(members),

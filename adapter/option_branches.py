@@ -37,7 +37,7 @@ from adapter.question_work import LikelihoodWork, PromptScore, QuestionWork
 from adapter.schema import Decision
 
 NEUTRAL_CACHE_SIZE = 4096  # options whose neutral score (pmi) is kept
-HINT = "; shorten the state, question or options"
+HINT = "; shorten the state, question or options"  # after any prompt over the limit
 # (prompt, the field errors name, a hint for the message) -> its tokens, refusing one over
 # SEMIF_MAX_TOKENS.
 Tokenize = Callable[[RenderedPrompt, str, str], list[int]]

@@ -40,7 +40,7 @@ from adapter.errors import BusyError, RequestError, UnavailableError, shutting_d
 from adapter.labels import LabelError, LabelSet
 from adapter.likelihood import LETTERS, Listing, ReadoutChoice
 from adapter.metrics import Metrics
-from adapter.option_branches import OptionBranches
+from adapter.option_branches import HINT, OptionBranches
 from adapter.ordering import Reading, Variants, expand, read
 from adapter.prompts import (
     APPLIES_LABELS,
@@ -60,7 +60,6 @@ from adapter.settings import QueueLimits
 from model_build.calibration import Calibration, OptionOrder
 
 T = TypeVar("T")
-PROMPT_HINT = "; shorten the state, question or options"  # after a prompt over the limit
 
 
 @dataclass
@@ -284,7 +283,7 @@ class DecisionService:
                 prompt = render_decision_prompt(self.template, decision)
             except (TemplateRenderError, ValueError) as error:
                 raise RequestError(path, str(error)) from None
-            prompts.append((prompt, self.tokenize_prompt(prompt, path, PROMPT_HINT)))
+            prompts.append((prompt, self.tokenize_prompt(prompt, path, HINT)))
         return prompts
 
     def _boundaries(
@@ -423,7 +422,7 @@ class DecisionService:
                 prompt = render_multi_label_prompt(self.template, decision, option)
             except (TemplateRenderError, ValueError) as error:
                 raise RequestError(option_path, str(error)) from None
-            tokens = self.tokenize_prompt(prompt, option_path, PROMPT_HINT)
+            tokens = self.tokenize_prompt(prompt, option_path, HINT)
             boundaries = self._boundaries(prompt, tokens, branched=True)
             entries.append(Entry(tokens, [], 0, boundaries))
             texts.append(prompt.text)

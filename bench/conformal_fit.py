@@ -24,9 +24,8 @@ from model_build.conformal import (
     ConformalScores,
     ConformalSection,
     applies_score,
-    applies_set,
     nonconformity,
-    prediction_set,
+    set_members,
     threshold,
 )
 
@@ -96,7 +95,6 @@ def coverage_report(
     `splits` random halves (calibrate on one, answer the other). `each_alone`: multi-label
     rows, whose sets are applies_set's and whose right option is one that applies (the
     coverage is then the share of applicable options in their set)."""
-    members_of = applies_set if each_alone else prediction_set
     rng = np.random.default_rng(seed)
     report: dict[str, dict[str, dict[str, float]]] = {}
     for coverage in coverages:
@@ -110,7 +108,7 @@ def coverage_report(
                 limit = threshold(held, coverage)
                 for index in order[half:]:
                     probabilities, right = rows[index]
-                    members = members_of(method, probabilities, limit)
+                    members = set_members(method, probabilities, limit, each_alone=each_alone)
                     covered += right in members
                     sizes += len(members)
                     singletons += len(members) == 1

@@ -99,6 +99,19 @@ def applies_set(
     ]
 
 
+def set_members(
+    method: ConformalMethod,
+    probabilities: Sequence[float],
+    limit: float | None,
+    *,
+    each_alone: bool = False,
+) -> list[int]:
+    """A set's members: `prediction_set`'s, or (`each_alone`, a multi-label question's
+    probabilities, each an option's own) `applies_set`'s: the one choice the server and the
+    fit's report both make."""
+    return (applies_set if each_alone else prediction_set)(method, probabilities, limit)
+
+
 def fewest_scores(coverage: float) -> int:
     """The held-out questions needed before a set at `coverage` can leave an option out:
     about coverage / (1 - coverage), settled by the threshold's own rule (no rounding slip)."""

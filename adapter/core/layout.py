@@ -19,7 +19,8 @@ only; one row takes those kernels too). This module plans passes that keep both 
   step; it is copied to the others before the second step decodes what each has left.
 - A prompt that grows out of another prompt of the pass and scores its own last tokens (an
   option tree's edge, adapter.option_tree) is decoded a step after that prompt, from a
-  whole copy of its stream: a tree is decoded level by level, each node once.
+  copy of its stream (cut where the edge must decode a row of it again; whole on memory
+  that keeps whole streams): a tree is decoded level by level, each node once.
 - A step's rows are cut into the micro-batches llama.cpp's equal split makes of them
   (consecutive stream ids, the same number of rows each), so the plan knows every micro-batch
   and can hold (a) and (b).
