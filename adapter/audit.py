@@ -3,8 +3,13 @@ decided and (at `full`) the calibration set a team builds from its own traffic.
 
 `SEMIF_AUDIT` sets the level:
 - `none` (the default): no record;
-- `digest`: what was decided and how, never the request's text: the request id and the
-  decision's id (the join key for labels that arrive later), sha256 of its state, question
+- `digest`: what was decided and how, never the request's text: which API answered
+  (`api`: `decision`, or `systemone`, whose records name the question's key as
+  `decision_id`), the request id, the decision's id and the caller's `audit_id` when the
+  body gave one (the join key for labels that arrive later and for a shadow's records),
+  the serving variant (`variant`: SEMIF_VARIANT, the SageMaker production or shadow
+  variant's name, so one log group's records split into the two sides of a shadow test),
+  sha256 of its state, question
   and options and of the exact prompt, the model (GGUF file and sha256, the manifest's
   calibration), prompt version, readout, option order, the calibration applied, the options'
   probabilities, the prediction set, abstention and its reason, and the request's latency
@@ -32,7 +37,7 @@ import queue
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from adapter.schema import Decision
 from adapter.settings import AuditLevel
@@ -40,6 +45,7 @@ from adapter.settings import AuditLevel
 MAX_RECORD_BYTES = 16 * 1024  # one CloudWatch Logs event holds 256 KiB; a record far less
 KEPT_OPTIONS = 16  # options a record too long keeps, the most probable first
 QUEUE_RECORDS = 10_000  # records waiting for the writer before new ones are dropped
+AuditedApi = Literal["decision", "systemone"]
 # What a record copies of a result as answered (adapter.decisions): the decision's reading.
 _RESULT_FIELDS = (
     "kind",
@@ -68,15 +74,21 @@ def decision_record(
     decision: Decision,
     result: Mapping[str, Any],
     *,
+    api: AuditedApi,
     request_id: str,
+    variant: str | None,
     model: Mapping[str, Any],
     seconds: float,
 ) -> dict[str, Any]:
-    """One decision's record at `level` (`digest` or `full`), bounded to MAX_RECORD_BYTES."""
+    """One decision's record at `level` (`digest` or `full`), bounded to MAX_RECORD_BYTES.
+    `result` holds the decision API's result fields (System One's: adapter.provenance)."""
     options = [[o.id, o.description, o.label] for o in decision.options]
     record: dict[str, Any] = {
+        "api": api,
         "request_id": request_id,
         "decision_id": decision.id,
+        **({"audit_id": decision.audit_id} if decision.audit_id is not None else {}),
+        **({"variant": variant} if variant is not None else {}),
         "level": level,
         "state_sha256": _sha256(decision.state_text),
         "question_sha256": _sha256(decision.question),
@@ -129,19 +141,21 @@ def _size(record: Mapping[str, Any]) -> int:
 
 
 class AuditLog:
-    """Writes records at `level` from a bounded queue on its own thread; `on_written` and
-    `on_dropped` hear each record (the metrics)."""
+    """Writes records at `level` from a bounded queue on its own thread, each naming the
+    serving `variant`; `on_written` and `on_dropped` hear each record (the metrics)."""
 
     def __init__(
         self,
         level: AuditLevel,
         *,
+        variant: str | None = None,
         write: Callable[[str], None] | None = None,
         on_written: Callable[[], None] = lambda: None,
         on_dropped: Callable[[], None] = lambda: None,
         capacity: int = QUEUE_RECORDS,
     ) -> None:
         self.level = level
+        self.variant = variant
         self._write = write or _stdout_line
         self._on_written = on_written
         self._on_dropped = on_dropped
@@ -156,6 +170,7 @@ class AuditLog:
         decisions: Sequence[Decision],
         results: Sequence[Mapping[str, Any]],
         *,
+        api: AuditedApi,
         request_id: str,
         model: Mapping[str, Any],
         seconds: float,
@@ -170,7 +185,9 @@ class AuditLog:
                         self.level,
                         decision,
                         result,
+                        api=api,
                         request_id=request_id,
+                        variant=self.variant,
                         model=model,
                         seconds=seconds,
                     )

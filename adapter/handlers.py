@@ -67,6 +67,7 @@ async def decide_parsed(
     runtime.audit.decisions(
         asked,
         results,
+        api="decision",
         request_id=request_id,
         model=service.model,
         seconds=scored["timing"]["total_seconds"],
@@ -97,20 +98,28 @@ async def answer_systemone_parsed(
     cancel: Cancellation,
     retry_token: str | None,
 ) -> Result:
-    """`answer_systemone` after validation."""
-    del request_id  # System One's response has no request id of its own
+    """`answer_systemone` after validation (System One's response has no request id of its
+    own; the questions' audit records carry it)."""
     async with runtime.admit() as service:
-        response, batch = await anyio.to_thread.run_sync(
+        answered = await anyio.to_thread.run_sync(
             lambda: systemone.answer(service, request, cancel, retry_token=retry_token)
         )
-    timing = batch.timing_json()
+    timing = answered.batch.timing_json()
+    runtime.audit.decisions(
+        [question.decision for question in request.questions],
+        answered.readings,
+        api="systemone",
+        request_id=request_id,
+        model=service.model,
+        seconds=timing["total_seconds"],
+    )
     log = {
         "mode": "systemone",
         "decisions": len(request.questions),
-        "input_tokens": response["usage"]["input_tokens"],
+        "input_tokens": answered.response["usage"]["input_tokens"],
         **batching_fields(timing),
     }
-    return response, log
+    return answered.response, log
 
 
 async def complete_chat(

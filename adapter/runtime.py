@@ -201,6 +201,7 @@ class Runtime:
         )
         self.audit = AuditLog(
             self.settings.audit,
+            variant=self.settings.variant,
             on_written=self.metrics.audit_records.inc,
             on_dropped=self.metrics.audit_dropped.inc,
         )

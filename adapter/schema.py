@@ -19,12 +19,16 @@ A decision's `kind` is `choice` (one option is the answer; the default) or `mult
 (each option judged on its own as applying or not: adapter.multi_label), whose options may
 carry a `threshold` (the probability from which an option is said to apply, 0.5 when
 absent) and may number from 1 to MAX_MULTI_LABEL_OPTIONS whatever the readout.
+
+A body may carry an `audit_id`: the caller's key that each of its decisions' audit records
+carries (adapter.audit), for joining them with labels or with a shadow's records later.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 from adapter import fields
@@ -42,6 +46,8 @@ from model_build.conformal import METHODS, ConformalMethod
 MIN_OPTIONS = 2
 MAX_OPTIONS = 16
 MAX_ID_CHARS = 256
+MAX_AUDIT_ID_CHARS = 128
+AUDIT_ID = re.compile(rf"[A-Za-z0-9._:/=+@-]{{1,{MAX_AUDIT_ID_CHARS}}}")
 MAX_LABEL_CHARS = 256  # an option's likelihood answer text: a short name, not a paragraph
 # Each option of a multi-label question is a prompt of its own (a branch of the shared
 # state): the request token budget binds first; the cap keeps a request's plan small.
@@ -72,6 +78,9 @@ class Decision:
     question: str
     options: tuple[Option, ...]
     kind: DecisionKind = "choice"
+    # The caller's join key for this decision's audit record (the body's `audit_id`): not
+    # part of what is asked, so decisions that differ only in it are equal.
+    audit_id: str | None = field(default=None, compare=False)
 
     @property
     def state_text(self) -> str:
@@ -303,14 +312,33 @@ def parse_decision_body(
     has_single, has_shared = "decision" in entry, "decisions" in entry
     if has_single == has_shared:
         raise RequestError("body", 'give exactly one of "decision" or "decisions"')
-    fields.only_fields(entry, "body", ("decision" if has_single else "decisions", *POLICY_FIELDS))
+    asked = "decision" if has_single else "decisions"
+    fields.only_fields(entry, "body", (asked, *POLICY_FIELDS, "audit_id"))
     policy = parse_policy(entry)
     likely = (policy.readout or default_readout) == "likelihood"
     most = MAX_LIKELIHOOD_OPTIONS if likely else MAX_OPTIONS
     if has_single:
-        decision = parse_decision(entry["decision"], "decision", most)
-        return DecisionRequest("single", [decision], policy)
-    return DecisionRequest("shared", parse_decisions(entry["decisions"], max_shared, most), policy)
+        decisions = [parse_decision(entry["decision"], "decision", most)]
+    else:
+        decisions = parse_decisions(entry["decisions"], max_shared, most)
+    key = audit_id(entry)
+    tagged = [replace(decision, audit_id=key) for decision in decisions]
+    return DecisionRequest("single" if has_single else "shared", tagged, policy)
+
+
+def audit_id(entry: dict[str, Any], shape_error: fields.ShapeError = RequestError) -> str | None:
+    """The body's `audit_id`: the caller's key for joining the decisions' audit records
+    with labels or a shadow's records later (adapter.audit); the System One parser shares
+    it. A word of letters, digits and `._:/=+@-`, so it is safe in any log query."""
+    if "audit_id" not in entry:
+        return None
+    value = entry["audit_id"]
+    if not isinstance(value, str) or not AUDIT_ID.fullmatch(value):
+        raise shape_error(
+            "audit_id",
+            f"must be 1 to {MAX_AUDIT_ID_CHARS} characters of letters, digits and ._:/=+@-",
+        )
+    return value
 
 
 def decision_paths(mode: Mode, count: int) -> list[str]:

@@ -15,6 +15,7 @@ but /ping.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from model_build.manifest import ChatTemplateFileError, read_chat_template
 # How much each decision's audit record keeps (adapter.audit).
 AuditLevel = Literal["none", "digest", "full"]
 AUDIT_LEVELS: tuple[AuditLevel, ...] = ("none", "digest", "full")
+VARIANT_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 
 # Where SageMaker unpacks model.tar.gz; serving from here is what "inside SageMaker" means.
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
@@ -141,6 +143,9 @@ class Settings:
     # SEMIF_AUDIT: a record per decision (adapter.audit); `full` keeps request text, so it
     # needs SEMIF_AUDIT_ALLOW_FULL=true (checked at start).
     audit: AuditLevel = "none"
+    # SEMIF_VARIANT: the SageMaker variant serving (the CDK sets it on each variant's model),
+    # named in every audit record so a shadow test's two sides can be told apart.
+    variant: str | None = None
 
     @property
     def queue_limits(self) -> QueueLimits:
@@ -406,6 +411,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         kv_memory=_kv_memory(env),
         chat_template=_chat_template(env),
         audit=_audit(env),
+        variant=_variant(env),
     )
 
 
@@ -418,6 +424,20 @@ def _audit(env: Mapping[str, str]) -> AuditLevel:
             "where the environment may keep it, or use SEMIF_AUDIT=digest"
         )
     return level
+
+
+def _variant(env: Mapping[str, str]) -> str | None:
+    """SEMIF_VARIANT: a SageMaker variant name (letters, digits, inner hyphens, at most 63
+    characters); blank means none (a local server)."""
+    name = env.get("SEMIF_VARIANT", "").strip()
+    if not name:
+        return None
+    if not VARIANT_NAME.fullmatch(name):
+        raise SettingsError(
+            f"SEMIF_VARIANT must be a SageMaker variant name (letters, digits and inner "
+            f"hyphens, at most 63 characters), not {name[:80]!r}"
+        )
+    return name
 
 
 def _kv_memory(env: Mapping[str, str]) -> KvBudget:

@@ -21,7 +21,9 @@ questions are always read by letters (their levels are positions), multi questio
 prompt per key). An optional top-level
 `coverage` (with `coverage_method`, as in the decision API) adds to every answer a conformal
 prediction set of option keys (noul: "true", "false"), from the calibration's section for
-the question's kind and readout; without one, a 400 naming `coverage`.
+the question's kind and readout; without one, a 400 naming `coverage`. An optional
+`audit_id`, as in the decision API, goes into every question's audit record
+(adapter.audit), whose `decision_id` is the question's key.
 
 Confidence, the same formula for choice and score: 1 - H(p) / ln(N), where H is the
 Shannon entropy of the N option probabilities. It is 1 when all mass is on one option and
@@ -45,9 +47,11 @@ from adapter.errors import RequestError, SchemaError
 from adapter.fields import JsonState, member_path
 from adapter.likelihood import LETTERS, Readout, ReadoutChoice
 from adapter.ordering import Variants
+from adapter.provenance import reading_fields, reused_per_reading
 from adapter.schema import (
     Decision,
     Option,
+    audit_id,
     coverage,
     coverage_method,
     fraction,
@@ -60,6 +64,9 @@ from model_build.conformal import ConformalMethod
 
 if TYPE_CHECKING:  # the parser loads no model (the JSON Lines planner uses it)
     from adapter.service import DecisionService, ScoredBatch
+
+# What a question's audit record copies of its answer: the prediction set asked for.
+_SET_FIELDS = ("prediction_set", "coverage", "coverage_method")
 
 Kind = Literal["noul", "choice", "score", "multi"]
 KINDS: tuple[Kind, ...] = ("noul", "choice", "score", "multi")
@@ -147,7 +154,7 @@ def _score(criteria: Any, path: str) -> tuple[Option, ...]:
     )
 
 
-def _question(key: str, value: Any, state: JsonState) -> Question:
+def _question(key: str, value: Any, state: JsonState, audit_key: str | None) -> Question:
     path = member_path("questions", key)
     entry = fields.json_object(value, path, SchemaError)
     kind = entry.get("type")
@@ -163,7 +170,7 @@ def _question(key: str, value: Any, state: JsonState) -> Question:
         raise SchemaError(criteria_path, "is required")
     limit = fraction(entry, "threshold", f"{path}.threshold")
     options = question_options(kind, entry.get("criteria"), criteria_path, limit)
-    decision = Decision(key, state, instructions, options)
+    decision = Decision(key, state, instructions, options, audit_id=audit_key)
     if kind == "multi":
         decision = replace(decision, kind="multi_label")
     return Question(key, kind, decision)
@@ -196,6 +203,7 @@ def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
         "normalization",
         "coverage",
         "coverage_method",
+        "audit_id",
     )
     fields.only_fields(entry, "body", allowed, SchemaError)
     model = entry.get("model")
@@ -211,7 +219,8 @@ def parse_systemone(body: Any, max_questions: int) -> SystemOneRequest:
     for key in questions:
         if not key.strip():
             raise RequestError(member_path("questions", key), "question keys must not be empty")
-    parsed = [_question(key, value, state) for key, value in questions.items()]
+    audit_key = audit_id(entry, SchemaError)
+    parsed = [_question(key, value, state, audit_key) for key, value in questions.items()]
     order = entry.get("option_order")
     return SystemOneRequest(
         model=model,
@@ -265,13 +274,23 @@ def shape_answer(question: Question, probabilities: Sequence[float]) -> dict[str
     }
 
 
+@dataclass(frozen=True)
+class SystemOneAnswer:
+    """The response, the batch it was scored in, and per question what its audit record
+    keeps (the response's exact shape has no room for how each was read)."""
+
+    response: dict[str, Any]
+    batch: ScoredBatch
+    readings: list[dict[str, Any]]  # per question: option ids, probabilities, how read
+
+
 def answer(
     service: DecisionService,
     request: SystemOneRequest,
     cancel: Cancellation | None = None,
     *,
     retry_token: str | None = None,
-) -> tuple[dict[str, Any], ScoredBatch]:
+) -> SystemOneAnswer:
     """Score all questions in one engine call and shape the System One response
     (`retry_token`: the caller's place in the retry line, DecisionService.score).
 
@@ -298,11 +317,14 @@ def answer(
         cancel,
         retry_token=retry_token,
     )
-    answers = {}
-    for question, reading, held in zip(questions, readings, scores, strict=True):
+    answers, read = {}, []
+    reused = reused_per_reading(readings, batch)
+    for question, variant, reading, held, own in zip(
+        questions, variants, readings, scores, reused, strict=True
+    ):
+        keys = [option.id for option in question.decision.options]
         answers[question.key] = shape_answer(question, reading.probabilities)
         if held is not None and request.coverage is not None:
-            keys = [option.id for option in question.decision.options]
             answers[question.key] |= prediction_set_fields(
                 held,
                 request.coverage_method,
@@ -311,9 +333,18 @@ def answer(
                 reading.probabilities,
                 each_alone=question.kind == "multi",
             )
+        read.append(
+            {
+                "option_ids": keys,
+                "probabilities": reading.probabilities,
+                **{k: v for k, v in answers[question.key].items() if k in _SET_FIELDS},
+                "kind": variant.kind,
+                **reading_fields(service, variant, reading, own),
+            }
+        )
     response = {
         "model": service.model_id,
         "answers": answers,
         "usage": {"input_tokens": batch.distinct_input_tokens, "output_tokens": 0},
     }
-    return response, batch
+    return SystemOneAnswer(response, batch, read)

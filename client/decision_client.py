@@ -218,8 +218,9 @@ class DecisionClient:
     def decide(self, decision: Mapping[str, Any], **reading: str | float) -> DecisionResult:
         """One decision: {"id", "state", "question", "options": [{"id", "description"}]}.
         `reading` passes the policy fields (readout="likelihood", normalization="mean",
-        option_order=..., coverage=0.9 for a prediction set); the endpoint's defaults apply
-        to the rest."""
+        option_order=..., coverage=0.9 for a prediction set) and `audit_id`, the key the
+        decision's audit record carries for joining labels later; the endpoint's defaults
+        apply to the rest."""
         answer = self.invoke({"decision": dict(decision), **reading})
         return DecisionResult.from_json(answer["result"])
 
@@ -238,8 +239,8 @@ class DecisionClient:
         model: str = "default",
         **reading: str,
     ) -> SystemOneAnswers:
-        """System One questions about one state (noul, choice, score); `reading` passes
-        option_order, readout and normalization."""
+        """System One questions about one state (noul, choice, score, multi); `reading`
+        passes option_order, readout, normalization, coverage and audit_id."""
         body = {"model": model, "state": state, "questions": questions, **reading}
         return SystemOneAnswers.from_json(self.invoke(body))
 

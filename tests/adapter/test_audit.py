@@ -38,7 +38,16 @@ MODEL = {"file": "m.gguf", "sha256": "cd" * 32, "calibration": None, "backends":
 
 
 def _record(level: Any, decision: Decision = DECISION, result: Any = RESULT) -> dict[str, Any]:
-    return decision_record(level, decision, result, request_id="r1", model=MODEL, seconds=0.25)
+    return decision_record(
+        level,
+        decision,
+        result,
+        api="decision",
+        request_id="r1",
+        variant=None,
+        model=MODEL,
+        seconds=0.25,
+    )
 
 
 def test_a_digest_says_what_was_decided_and_never_the_request_text() -> None:
@@ -52,6 +61,7 @@ def test_a_digest_says_what_was_decided_and_never_the_request_text() -> None:
     assert len(record["state_sha256"]) == len(record["options_sha256"]) == 64
     assert record["timing"]["evaluated_tokens"] == 90
     assert "omitted" not in record
+    assert "audit_id" not in record and "variant" not in record  # none given: no key
     moved = Decision("route", SECRET_STATE + " ", DECISION.question, DECISION.options)
     assert _record("digest", moved)["state_sha256"] != record["state_sha256"]
 
@@ -104,7 +114,9 @@ def test_a_blocked_log_never_holds_up_a_decision() -> None:
         capacity=2,
     )
     for _ in range(6):
-        log.decisions([DECISION], [RESULT], request_id="r", model=MODEL, seconds=0.1)
+        log.decisions(
+            [DECISION], [RESULT], api="decision", request_id="r", model=MODEL, seconds=0.1
+        )
     assert 3 <= len(dropped) <= 4  # one in the writer's hands (maybe), two queued
     release.set()
     log.close()
@@ -136,3 +148,72 @@ def test_requests_and_json_lines_leave_one_record_per_decision(
     assert all(record["level"] == "digest" and "request" not in record for record in records)
     assert records[3]["request_id"].endswith(":0")  # a JSON Lines line: the body's id and line
     assert "semif_audit_records_total" in metrics
+
+
+def test_the_callers_audit_id_and_the_variant_go_into_every_record(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The body's audit_id on each of its decisions' records (JSON Lines: each line's own,
+    also when lines about one state are merged into one batch), System One's questions
+    recorded under their keys, and SEMIF_VARIANT naming the side of a shadow test."""
+    settings = Settings(
+        model_dir=tiny_model_dir,
+        max_tokens=1024,
+        threads=2,
+        audit="digest",
+        variant="candidate-1",
+    )
+    questions = {
+        "refund": {"type": "noul", "instructions": "Is a refund asked for?"},
+        "queue": {
+            "type": "choice",
+            "instructions": "Which queue handles it?",
+            "criteria": {"billing": "Billing.", "shipping": "Shipping."},
+        },
+    }
+    with serving(settings) as client:
+        post_ok(client, {"decision": decision("one"), "audit_id": "case-7/2026"})
+        lines = "\n".join(
+            json.dumps({"decision": decision(f"l{i}"), "audit_id": f"line-{i}"}) for i in range(2)
+        )
+        answered = client.post(
+            "/invocations", content=lines, headers={"content-type": "application/jsonlines"}
+        )
+        assert answered.status_code == 200
+        system_one = post_ok(
+            client,
+            {"state": "I was charged twice.", "questions": questions, "audit_id": "s1"},
+            "/v1/systemone",
+        )
+        refused = client.post(
+            "/invocations",
+            content=json.dumps({"decision": decision("x"), "audit_id": "no spaces"}),
+            headers={"content-type": "application/json"},
+        )
+    assert refused.status_code == 400 and refused.json()["field"] == "audit_id"
+    records = [json.loads(line)["audit"] for line in capsys.readouterr().out.splitlines()]
+    keys = [(r["api"], r["decision_id"], r.get("audit_id")) for r in records]
+    assert keys == [
+        ("decision", "one", "case-7/2026"),
+        ("decision", "l0", "line-0"),
+        ("decision", "l1", "line-1"),
+        ("systemone", "refund", "s1"),
+        ("systemone", "queue", "s1"),
+    ]
+    assert {record["variant"] for record in records} == {"candidate-1"}
+    refund, queue = records[3:]
+    assert refund["option_ids"] == ["true", "false"]
+    assert refund["probabilities"][0] == system_one["answers"]["refund"]["noul"]
+    assert (refund["kind"], queue["kind"]) == ("noul", "choice")
+    keyed = dict(zip(queue["option_ids"], queue["probabilities"], strict=True))
+    assert keyed == system_one["answers"]["queue"]["probabilities"]
+    assert queue["timing"]["reused_tokens"] > 0  # the state was decoded for "refund" first
+    assert len(queue["prompt_sha256"]) == 64 and queue["readout"] == "letters"
+
+
+def test_the_variant_must_be_a_sagemaker_variant_name() -> None:
+    assert load_settings({"SEMIF_VARIANT": "AllTraffic"}).variant == "AllTraffic"
+    assert load_settings({}).variant is None
+    for wrong in ("-lead", "has space", "x" * 64):
+        with pytest.raises(SettingsError, match="SEMIF_VARIANT"):
+            load_settings({"SEMIF_VARIANT": wrong})

@@ -184,7 +184,7 @@ def test_system_one_answers_carry_sets_of_option_keys(service: DecisionService) 
         "criteria": dict.fromkeys(("a", "b", "c")),
     }
     body = {"state": "Order 1182 arrived cracked.", "questions": {"next": choice}, "coverage": 0.5}
-    response, _ = answer(service, parse_systemone(body, 8))
+    response = answer(service, parse_systemone(body, 8)).response
     shaped = response["answers"]["next"]
     assert shaped["type"] == "choice"
     assert set(shaped["prediction_set"]) <= {"a", "b", "c"}
@@ -195,5 +195,5 @@ def test_system_one_answers_carry_sets_of_option_keys(service: DecisionService) 
     with pytest.raises(RequestError, match=r"no conformal section for readout letters and noul"):
         answer(service, parse_systemone(asked, 8))
     without = {key: value for key, value in body.items() if key != "coverage"}
-    plain, _ = answer(service, parse_systemone(without, 8))
+    plain = answer(service, parse_systemone(without, 8)).response
     assert "prediction_set" not in plain["answers"]["next"]
