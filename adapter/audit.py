@@ -31,7 +31,6 @@ daemon thread, the only one that writes records.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import queue
 import sys
@@ -41,6 +40,7 @@ from typing import Any, Literal
 
 from adapter.schema import Decision
 from adapter.settings import AuditLevel
+from adapter.template_key import options_sha256, text_sha256
 
 MAX_RECORD_BYTES = 16 * 1024  # one CloudWatch Logs event holds 256 KiB; a record far less
 KEPT_OPTIONS = 16  # options a record too long keeps, the most probable first
@@ -65,10 +65,6 @@ _RESULT_FIELDS = (
 )
 
 
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def decision_record(
     level: AuditLevel,
     decision: Decision,
@@ -82,7 +78,6 @@ def decision_record(
 ) -> dict[str, Any]:
     """One decision's record at `level` (`digest` or `full`), bounded to MAX_RECORD_BYTES.
     `result` holds the decision API's result fields (System One's: adapter.provenance)."""
-    options = [[o.id, o.description, o.label] for o in decision.options]
     record: dict[str, Any] = {
         "api": api,
         "request_id": request_id,
@@ -90,9 +85,9 @@ def decision_record(
         **({"audit_id": decision.audit_id} if decision.audit_id is not None else {}),
         **({"variant": variant} if variant is not None else {}),
         "level": level,
-        "state_sha256": _sha256(decision.state_text),
-        "question_sha256": _sha256(decision.question),
-        "options_sha256": _sha256(json.dumps(options, ensure_ascii=False)),
+        "state_sha256": text_sha256(decision.state_text),
+        "question_sha256": text_sha256(decision.question),
+        "options_sha256": options_sha256(decision.options),
         "model": {
             "file": model.get("file"),
             "sha256": model.get("sha256"),
@@ -107,7 +102,10 @@ def decision_record(
         record["request"] = {
             "state": decision.state,
             "question": decision.question,
-            "options": [{"id": i, "description": d, "label": lab} for i, d, lab in options],
+            "options": [
+                {"id": o.id, "description": o.description, "label": o.label}
+                for o in decision.options
+            ],
         }
     return bounded(record)
 

@@ -10,6 +10,15 @@ where a question is read that way:
 - the position prior for the question's option count is divided out in `canonical` mode
   only: `as_given` is the reference behaviour, `debiased` averages positions out itself,
   and an ordinal score question's positions are its levels, not a bias.
+- a template prior (the calibration's `template_priors`, Batch Calibration fitted from
+  unlabelled traffic by `semif-calibrate --unlabelled`) is divided out, by option id, of a
+  nominal question (choice, noul) read by letters whose template key (adapter.template_key)
+  and option ids are a fitted template's, in the mode the priors were fitted in; it takes
+  the position prior's place, because the mean distribution over a template's inputs
+  already holds the bias of the positions its options are shown in. The temperature applies
+  after it as above. Not to scores (their levels' skew is usually the truth, e.g. most
+  messages neutral), multi-label questions (each option read alone) or likelihood readings
+  (the priors are letters' distributions).
 A question read by likelihood (adapter.likelihood) gets the temperature of the calibration's
 `likelihood` section for its normalization and kind, when it has one; no prior (its options
 have no positions). A calibration fitted under another prompt version read other prompts:
@@ -24,13 +33,21 @@ with a set that promises nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from adapter.errors import RequestError
 from adapter.likelihood import Listing, ReadoutChoice
 from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
-from model_build.calibration import Calibration, Normalization, OptionOrder, QuestionKind
+from adapter.schema import Decision
+from adapter.template_key import template_key
+from model_build.calibration import (
+    Calibration,
+    Normalization,
+    OptionOrder,
+    QuestionKind,
+    TemplatePrior,
+)
 from model_build.conformal import (
     ConformalMethod,
     ConformalScores,
@@ -42,6 +59,8 @@ from model_build.conformal import (
 # Kinds read in one order whatever the mode: a score question's levels in their order, a
 # multi-label question's options each alone (its temperature acts on each option's log-odds).
 ORDER_FREE_KINDS: tuple[QuestionKind, ...] = ("score", "multi_label")
+# Kinds a template prior is divided out of (the module docstring says why not the others).
+TEMPLATE_PRIOR_KINDS: tuple[QuestionKind, ...] = ("choice", "noul")
 
 
 class CalibrationMismatchError(RuntimeError):
@@ -55,6 +74,7 @@ class Correction:
     temperature: float = 1.0
     prior: tuple[float, ...] | None = None  # by rendered position
     applied: bool = False  # whether the calibration's temperature is the one used
+    template: bool = False  # whether `prior` is the question's template prior
 
 
 NONE = Correction()
@@ -102,6 +122,38 @@ def correction(
     )
 
 
+def template_prior(
+    calibration: Calibration | None, decision: Decision, kind: QuestionKind, mode: OptionOrder
+) -> TemplatePrior | None:
+    """The fitted prior of this question's template, when one applies: a nominal kind, read
+    in the mode the priors were fitted in, its key and option ids the template's."""
+    priors = calibration.template_priors if calibration is not None else None
+    if priors is None or kind not in TEMPLATE_PRIOR_KINDS or mode != priors.option_order:
+        return None
+    fitted = priors.templates.get(template_key(decision))
+    matches = fitted is not None and fitted.option_ids == tuple(decision.option_ids)
+    return fitted if matches else None
+
+
+def letters_correction(
+    calibration: Calibration | None,
+    decision: Decision,
+    kind: QuestionKind,
+    mode: OptionOrder,
+    order: Sequence[int],
+) -> Correction:
+    """`correction` for a question read by letters whose first prompt shows its options in
+    `order`, with its template prior (placed by that order) instead of the position prior
+    where one applies."""
+    fix = correction(calibration, kind, mode, len(decision.options))
+    fitted = template_prior(calibration, decision, kind, mode)
+    if fitted is None:
+        return fix
+    by_id = dict(zip(fitted.option_ids, fitted.prior, strict=True))
+    placed = tuple(by_id[decision.options[index].id] for index in order)
+    return replace(fix, prior=placed, template=True)
+
+
 def likelihood_correction(
     calibration: Calibration | None, kind: QuestionKind, normalization: Normalization
 ) -> Correction:
@@ -114,7 +166,8 @@ def likelihood_correction(
 def describe(calibration: Calibration | None, used: Correction) -> dict[str, Any] | None:
     """What a decision result reports of its calibration: which fit (by its task file's
     hash and the order it was fitted under), whether its temperature was applied, the
-    temperature used and whether a position prior was divided out."""
+    temperature used, and whether a position prior or the question's template prior was
+    divided out (never both)."""
     if calibration is None:
         return None
     return {
@@ -122,7 +175,8 @@ def describe(calibration: Calibration | None, used: Correction) -> dict[str, Any
         "option_order": calibration.option_order,
         "applied": used.applied,
         "temperature": used.temperature,
-        "position_prior": used.prior is not None,
+        "position_prior": used.prior is not None and not used.template,
+        "template_prior": used.template,
     }
 
 

@@ -8,7 +8,8 @@ favours some letters). Three modes (`model_build.calibration.OPTION_ORDERS`):
   them (sha256 of the description, the id only breaking ties between equal descriptions),
   so every permutation of the same options renders the same prompt and gets the same
   probabilities by id, at no extra cost; the calibration's position prior, when it has one
-  for this option count, is divided out (`adapter.calibration`);
+  for this option count, is divided out (`adapter.calibration`; a question template's
+  prior takes its place where the calibration has one for this template in this mode);
 - `debiased`: the canonical order and its cyclic rotations, each option once in each
   position, averaged by option id. Invariant by construction and the position bias averages
   out; it costs one prompt per rotation, decoded as branches of the shared prefix in the
@@ -31,7 +32,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from adapter.calibration import Correction, correction, likelihood_correction
+from adapter.calibration import Correction, correction, letters_correction, likelihood_correction
 from adapter.likelihood import LETTERS, ReadoutChoice
 from adapter.prompts import answer_clones
 from adapter.readout import (
@@ -100,7 +101,8 @@ def distribution(
 ) -> npt.NDArray[np.float64]:
     """Probabilities over the caller's options from each order's position log-probabilities:
     one prompt's, or the average probability by option id over the rotations; then the
-    correction (the prior is by position of the one canonical prompt it applies to). All
+    correction (its prior is by position of the first order: a position prior's canonical
+    prompt, or a template prior placed there by option id). All
     of it is computed in the first order's positions and put in the caller's order last:
     every permutation of the same options then sums in the same order, so in the canonical
     and debiased modes (and by likelihood) permuted options get bit-identical
@@ -177,7 +179,7 @@ class Variants:
             fix = likelihood_correction(calibration, kind, readout.normalization)
             return cls(decision, (order,), fix, kind, "canonical", readout)
         orders = plan(decision.options, mode, ordinal=kind == "score")
-        fix = correction(calibration, kind, mode, len(decision.options))
+        fix = letters_correction(calibration, decision, kind, mode, orders[0])
         return cls(decision, orders, fix, kind, mode, readout)
 
     def read(

@@ -17,6 +17,12 @@ running server, a SageMaker endpoint or a local `serve`, then:
 With --conformal, the file also gets a conformal section (bench.conformal_fit): the held-out
 scores prediction sets are drawn from, per readout and kind, and the report says the
 coverage and mean set size they reach on random halves of the tasks.
+With --template-priors, it also gets template priors (Batch Calibration, bench.batch_prior:
+each question template's mean uncorrected distribution, labels unused) and the report says
+what they do held out. `--unlabelled SOURCE` fits template priors alone, from audit records
+or JSON Lines of decision API bodies, no labels needed: the records' own probabilities where
+they are the uncorrected distribution in --option-order, else the decisions scored again
+here; --calibration FILE adds them to an existing calibration.
 The calibration file (format: model_build.calibration) is fitted on all tasks; give it to
 `model-build --calibration FILE`.
 
@@ -43,10 +49,26 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from adapter.calibration import correction, likelihood_correction
+from adapter.calibration import (
+    NONE,
+    TEMPLATE_PRIOR_KINDS,
+    letters_correction,
+    likelihood_correction,
+    template_prior,
+)
 from adapter.ordering import Order, arrange, canonical_order, distribution, plan, rotations
 from adapter.readout import log_softmax, softmax
+from adapter.schema import Decision
 from bench.audit_tasks import AuditTasksError, audit_tasks, read_labels, read_source, records
+from bench.batch_prior import (
+    MIN_INPUTS,
+    BatchPriorError,
+    Gathered,
+    Observed,
+    fit_priors,
+    from_records,
+    request_decisions,
+)
 from bench.conformal_fit import (
     Row,
     conformal_section,
@@ -63,10 +85,13 @@ from model_build.calibration import (
     NORMALIZATIONS,
     OPTION_ORDERS,
     Calibration,
+    CalibrationError,
     LikelihoodCalibration,
     Normalization,
     OptionOrder,
     QuestionKind,
+    TemplatePriors,
+    load_calibration,
 )
 from model_build.conformal import ConformalSection
 
@@ -104,9 +129,9 @@ class Scored:
 
     def probabilities(self, mode: OptionOrder, calibration: Calibration | None) -> Vector:
         """What the adapter serves for this task in `mode` under `calibration`."""
-        options = self.task.decision.options
-        orders = plan(options, mode, ordinal=self.kind == "score")
-        fix = correction(calibration, self.kind, mode, len(options))
+        decision = self.task.decision
+        orders = plan(decision.options, mode, ordinal=self.kind == "score")
+        fix = letters_correction(calibration, decision, self.kind, mode, orders[0])
         return distribution(orders, [self.rows[order] for order in orders], fix)
 
     def answer(self, mode: OptionOrder, calibration: Calibration | None) -> Answer:
@@ -138,25 +163,33 @@ def needed_orders(task: Task) -> list[Order]:
     return orders
 
 
+def score_orders(
+    client: Invoker, decision: Decision, orders: Sequence[Order], name: str
+) -> tuple[dict[Order, Vector], set[str]]:
+    """`decision` read by letters in each of `orders`, in one shared `as_given` request:
+    each order's position log-probabilities from the raw `option_logits` (so a calibration
+    in force changes nothing), and the prompt versions the server reported."""
+    decisions = [
+        replace(arrange(decision, order), id=f"{decision.id}#{index}")
+        for index, order in enumerate(orders)
+    ]
+    response = client.invoke({**shared_body(decisions), "option_order": "as_given"})
+    results = response.get("results") if isinstance(response, Mapping) else None
+    if not isinstance(results, list) or len(results) != len(orders):
+        raise CalibrateError(f"{name}: the server did not answer every order")
+    rows: dict[Order, Vector] = {}
+    for order, result in zip(orders, results, strict=True):
+        rows[order] = log_softmax(np.asarray(result["option_logits"], np.float64))
+    return rows, {str(result.get("prompt_version")) for result in results}
+
+
 def score_task(
     client: Invoker, task: Task, likelihood: bool = True
 ) -> tuple[Scored, set[str], set[str]]:
     """Score one task in every needed order in one shared request, and a nominal task by
     likelihood under each normalization (`likelihood`); returns the rows and the prompt
     versions the server reported (the likelihood prompt's beside the letters')."""
-    orders = needed_orders(task)
-    decisions = [
-        replace(arrange(task.decision, order), id=f"{task.id}#{index}")
-        for index, order in enumerate(orders)
-    ]
-    response = client.invoke({**shared_body(decisions), "option_order": "as_given"})
-    results = response.get("results") if isinstance(response, Mapping) else None
-    if not isinstance(results, list) or len(results) != len(orders):
-        raise CalibrateError(f"task {task.id}: the server did not answer every order")
-    rows: dict[Order, Vector] = {}
-    for order, result in zip(orders, results, strict=True):
-        rows[order] = log_softmax(np.asarray(result["option_logits"], np.float64))
-    versions = {str(result.get("prompt_version")) for result in results}
+    rows, versions = score_orders(client, task.decision, needed_orders(task), f"task {task.id}")
     likely_versions: set[str] = set()
     likely: dict[Normalization, Vector] = {}
     for normalization in NORMALIZATIONS if likelihood and task.question_type != "score" else ():
@@ -368,6 +401,65 @@ def held_out_order(scored: Sequence[Scored], folds: int, seed: int) -> list[Scor
     return [scored[index] for test in folds_of(len(scored), folds, seed) for index in test]
 
 
+def fit_template_priors(
+    scored: Sequence[Scored], mode: OptionOrder, source_sha256: str, min_inputs: int
+) -> tuple[TemplatePriors, dict[str, int]]:
+    """Template priors (bench.batch_prior) from the nominal tasks' uncorrected distributions
+    in `mode`, labels unused, and the templates with too few inputs."""
+    observed = [
+        Observed.of(item.task.decision, item.probabilities(mode, None))
+        for item in scored
+        if item.kind in TEMPLATE_PRIOR_KINDS
+    ]
+    return fit_priors(observed, mode, source_sha256, min_inputs)
+
+
+TEMPLATE_STAGES = ("uncalibrated", "position prior", "template prior")
+
+
+def held_out_template_priors(
+    scored: Sequence[Scored],
+    mode: OptionOrder,
+    folds: int,
+    seed: int,
+    *,
+    prompt_version: str,
+    min_inputs: int,
+) -> dict[str, Any]:
+    """Held-out metrics in `mode`: uncalibrated; with the position prior of the other folds;
+    and with the template priors of the other folds beside it (a question a template prior
+    covers gets it instead, as served). Over every held-out task, and over those a template
+    prior covered (the only ones it can move)."""
+    answers: dict[str, dict[str, list[Answer]]] = {
+        subset: {stage: [] for stage in TEMPLATE_STAGES} for subset in ("all", "covered")
+    }
+    expected: dict[str, list[str]] = {"all": [], "covered": []}
+    for test in folds_of(len(scored), folds, seed):
+        held_back = set(test)
+        train = [item for index, item in enumerate(scored) if index not in held_back]
+        position = Calibration(
+            prompt_version, mode, {}, "0" * 64, position_prior=estimate_prior(train)
+        )
+        priors, _ = fit_template_priors(train, mode, "0" * 64, min_inputs)
+        both = replace(position, template_priors=priors)
+        stages = dict(zip(TEMPLATE_STAGES, (None, position, both), strict=True))
+        for item in (scored[index] for index in test):
+            covered = template_prior(both, item.task.decision, item.kind, mode) is not None
+            for subset in ("all", "covered") if covered else ("all",):
+                expected[subset].append(item.task.expected)
+                for stage, calibration in stages.items():
+                    answers[subset][stage].append(item.answer(mode, calibration))
+    return {
+        subset: {"tasks": len(expected[subset])}
+        | {
+            stage: quality(held, expected[subset])
+            for stage, held in answers[subset].items()
+            if expected[subset]
+        }
+        for subset in answers
+    }
+
+
 HIGHER_IS_BETTER = {"accuracy": True, "nll": False, "brier": False}
 
 
@@ -485,10 +577,13 @@ def calibrate(
     tasks_sha256: str,
     likelihood_version: str | None = None,
     conformal: bool = False,
+    template_inputs: int | None = None,
 ) -> tuple[Calibration, dict[str, Any]]:
     """The calibration for `mode` fitted on every task (its likelihood section too when
     the tasks were read by likelihood under `likelihood_version`; with `conformal`, the
-    prediction sets' section from the held-out answers), and the held-out report."""
+    prediction sets' section from the held-out answers; with `template_inputs`, template
+    priors of templates with at least that many tasks, labels unused), and the held-out
+    report."""
     if folds < 2 or len(scored) < folds:
         raise CalibrateError(f"{len(scored)} tasks cannot be split into {folds} folds (>= 2)")
     held, likely = cross_validate(scored, folds, seed, prompt_version=prompt_version)
@@ -527,6 +622,22 @@ def calibrate(
             sections["letters"] = replace(letters, scores=fitted)
             report["conformal"]["multi_label"] = coverage_report(applies, each_alone=True)
         final = replace(final, conformal=sections)
+    if template_inputs is not None:
+        priors, too_few = fit_template_priors(scored, mode, tasks_sha256, template_inputs)
+        report["template_priors"] = {
+            "min_inputs": template_inputs,
+            "templates": {key: fitted.inputs for key, fitted in priors.templates.items()},
+            "too_few": too_few,
+            "held_out": held_out_template_priors(
+                scored,
+                mode,
+                folds,
+                seed,
+                prompt_version=prompt_version,
+                min_inputs=template_inputs,
+            ),
+        }
+        final = replace(final, template_priors=priors)
     metrics = {
         "folds": folds,
         "seed": seed,
@@ -593,7 +704,26 @@ def format_report(report: Mapping[str, Any]) -> str:
     if "conformal" in report:
         lines.append("conformal prediction sets, random halves of the held-out answers:")
         lines += format_coverage(report["conformal"])
+    if "template_priors" in report:
+        lines += format_template_priors(report["template_priors"])
     return "\n".join(lines)
+
+
+def format_template_priors(section: Mapping[str, Any]) -> list[str]:
+    """The template priors' held-out lines (all tasks, and those a prior covered)."""
+    lines = [
+        f"template priors (>= {section['min_inputs']} inputs): {len(section['templates'])} "
+        f"templates, {len(section['too_few'])} with too few inputs; held out:"
+    ]
+    for subset, stages in section["held_out"].items():
+        for stage in TEMPLATE_STAGES:
+            if stage in stages:
+                row = stages[stage]
+                lines.append(
+                    f"  {subset} ({stages['tasks']}) {stage:<15}{row['accuracy']:>7.3f}"
+                    f"{row['nll']:>8.3f}{row['brier']:>8.3f}{row['ece']:>7.3f}"
+                )
+    return lines
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -608,7 +738,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "with --labels (bench.audit_tasks)",
     )
     parser.add_argument("--labels", help="with --from-audit: JSON Lines of decision_id, label")
-    target = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument(
+        "--unlabelled",
+        metavar="SOURCE",
+        help="instead of TASKS: fit template priors only (Batch Calibration, no labels) from "
+        "audit records or JSON Lines of decision API bodies (a file or s3://; "
+        "bench.batch_prior)",
+    )
+    parser.add_argument(
+        "--template-priors",
+        action="store_true",
+        help="with TASKS or --from-audit: also fit template priors from the tasks (labels "
+        "unused) and report them held out",
+    )
+    parser.add_argument(
+        "--min-inputs",
+        type=int,
+        default=MIN_INPUTS,
+        help="inputs a template needs for a prior (fewer: left out and reported)",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        help="with --unlabelled: add the priors to this calibration file (else a file holding "
+        "only them)",
+    )
+    # Required but for --unlabelled, whose records may need no scoring (checked below).
+    target = parser.add_mutually_exclusive_group()
     target.add_argument("--url", help="base URL of a running server, e.g. http://127.0.0.1:8080")
     target.add_argument("--endpoint-name", dest="endpoint", help="SageMaker endpoint name")
     target.add_argument("--local", action="store_true", help="start `serve` on the embedded model")
@@ -617,7 +773,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--option-order",
         choices=OPTION_ORDERS,
         default="canonical",
-        help="the order the temperatures are fitted for (the server's SEMIF_OPTION_ORDER)",
+        help="the order the temperatures (and template priors) are fitted for (the server's "
+        "SEMIF_OPTION_ORDER)",
     )
     parser.add_argument(
         "--no-likelihood",
@@ -637,11 +794,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gguf", type=Path, help="with --local: serve this GGUF instead")
     parser.add_argument("--threads", type=int, default=2, help="with --local: llama.cpp threads")
     args = parser.parse_args(argv)
-    if (args.tasks is None) == (args.from_audit is None):
-        parser.error("give either TASKS or --from-audit RECORDS (with --labels)")
+    sources = [args.tasks, args.from_audit, args.unlabelled]
+    if sum(source is not None for source in sources) != 1:
+        parser.error("give one of TASKS, --from-audit RECORDS (with --labels) or --unlabelled")
     if (args.from_audit is None) != (args.labels is None):
         parser.error("--from-audit and --labels go together")
+    if args.unlabelled is None and not has_target(args):
+        parser.error("one of the arguments --url --endpoint-name --local is required")
+    if args.min_inputs < 1:
+        parser.error("--min-inputs must be at least 1")
     return args
+
+
+def has_target(args: argparse.Namespace) -> bool:
+    return bool(args.url or args.endpoint or args.local)
 
 
 def labelled_tasks(args: argparse.Namespace) -> tuple[list[Task], str, str]:
@@ -664,8 +830,103 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def rescore(client: Invoker, decision: Decision, mode: OptionOrder) -> tuple[Observed, set[str]]:
+    """A decision's uncorrected distribution in `mode`, computed here from the raw scores of
+    the orders `mode` reads (what the server serves before any correction)."""
+    orders = plan(decision.options, mode)
+    rows, versions = score_orders(client, decision, orders, f"decision {decision.id}")
+    probabilities = distribution(orders, [rows[order] for order in orders], NONE)
+    return Observed.of(decision, probabilities), versions
+
+
+def gather(args: argparse.Namespace, data: bytes) -> tuple[Gathered, str]:
+    """What --unlabelled SOURCE gives, the decisions that needed it scored by the target;
+    and the target (`none` when nothing needed scoring)."""
+    lines = data.decode().splitlines()
+    found = records(lines)
+    try:
+        gathered = (
+            from_records(found, args.option_order)
+            if found
+            else request_decisions(lines, args.unlabelled)
+        )
+    except BatchPriorError as error:
+        sys.exit(f"semif-calibrate: {error}")
+    if not gathered.rescore:
+        return gathered, "none"
+    if not has_target(args):
+        sys.exit(
+            f"semif-calibrate: {len(gathered.rescore)} decisions must be scored (read another "
+            "way than the prior needs, or never read): give --url, --endpoint-name or --local"
+        )
+    with target_client(args) as (target, client):
+        for decision in gathered.rescore:
+            observed, versions = rescore(client, decision, args.option_order)
+            gathered.observed.append(observed)
+            gathered.prompt_versions |= versions
+    return gathered, target
+
+
+def fit_unlabelled(args: argparse.Namespace) -> None:
+    """`--unlabelled SOURCE`: template priors, alone or added to --calibration FILE."""
+    data = read_source(args.unlabelled, args.region)
+    gathered, target = gather(args, data)
+    if len(gathered.prompt_versions) != 1:
+        sys.exit(
+            f"semif-calibrate: the inputs were read under prompt versions "
+            f"{sorted(gathered.prompt_versions)}; expected one"
+        )
+    version = gathered.prompt_versions.pop()
+    source_sha256 = _sha256(data)
+    mode = args.option_order
+    priors, too_few = fit_priors(gathered.observed, mode, source_sha256, args.min_inputs)
+    try:
+        base = (
+            load_calibration(args.calibration)
+            if args.calibration is not None
+            else Calibration(version, args.option_order, {}, source_sha256)
+        )
+    except CalibrationError as error:
+        sys.exit(f"semif-calibrate: {error}")
+    if base.prompt_version != version:
+        sys.exit(
+            f"semif-calibrate: {args.calibration} was fitted under prompt version "
+            f"{base.prompt_version!r}, the inputs read under {version!r}"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    calibration_path = args.out / "calibration.json"
+    calibration_path.write_text(replace(base, template_priors=priors).to_json(), "utf-8")
+    report = unlabelled_report(gathered, priors, too_few)
+    report_path = args.out / "template-priors-report.json"
+    document = {"schema": SCHEMA, "target": target, "source": args.unlabelled, **report}
+    report_path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", "utf-8")
+    print(
+        f"{target}: {len(gathered.observed)} inputs from {args.unlabelled} "
+        f"({len(gathered.rescore)} scored again, {sum(gathered.left_out.values())} left out: "
+        f"{dict(gathered.left_out)}); {len(priors.templates)} template priors in "
+        f"{args.option_order}, {len(too_few)} templates with fewer than {args.min_inputs} inputs"
+    )
+    print(f"calibration: {calibration_path}\nreport: {report_path}")
+
+
+def unlabelled_report(
+    gathered: Gathered, priors: TemplatePriors, too_few: Mapping[str, int]
+) -> dict[str, Any]:
+    return {
+        "option_order": priors.option_order,
+        "inputs": len(gathered.observed),
+        "scored_again": len(gathered.rescore),
+        "left_out": dict(gathered.left_out),
+        "templates": {key: fitted.inputs for key, fitted in priors.templates.items()},
+        "too_few": dict(too_few),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.unlabelled is not None:
+        fit_unlabelled(args)
+        return
     tasks, source, source_sha256 = labelled_tasks(args)
     with target_client(args) as (target, client):
         read = score_all(client, tasks, args.likelihood)
@@ -679,6 +940,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             tasks_sha256=source_sha256,
             likelihood_version=read.likelihood_version,
             conformal=args.conformal,
+            template_inputs=args.min_inputs if args.template_priors else None,
         )
     except CalibrateError as error:
         sys.exit(f"semif-calibrate: {error}")

@@ -23,6 +23,14 @@ An optional `likelihood` section calibrates the likelihood readout (adapter.like
 one temperature per normalization and question kind, for the likelihood prompt it names.
 An optional `conformal` section holds what serving prediction sets needs, per readout
 (`letters`, `likelihood:<normalization>`): model_build.conformal.
+An optional `template_priors` section holds Batch Calibration priors fitted from unlabelled
+traffic (`semif-calibrate --unlabelled`), per question template:
+    "template_priors": {"option_order": "canonical", "source_sha256": "<64 hex>",
+                        "templates": {"<question_sha256>:<options_sha256>":
+                                      {"option_ids": ["a", "b"], "prior": [0.6, 0.4],
+                                       "inputs": 120}}}
+a template's key is adapter.template_key's (the hashes audit records carry); its prior is
+the mean uncorrected distribution over its inputs, by option id, read in `option_order`.
 """
 
 from __future__ import annotations
@@ -48,9 +56,13 @@ OPTION_ORDERS: tuple[OptionOrder, ...] = ("as_given", "canonical", "debiased")
 Normalization = Literal["sum", "mean", "pmi"]
 NORMALIZATIONS: tuple[Normalization, ...] = ("sum", "mean", "pmi")
 MAX_PRIOR_OPTIONS = 260
+# Templates a calibration may hold priors for: the manifest is read at every start and
+# answered from memory, so it stays bounded (at 16 options a template is about 0.5 KiB).
+MAX_TEMPLATE_PRIORS = 10_000
 # The readouts a conformal section is fitted for: letters, and likelihood per normalization.
 CONFORMAL_READOUTS = ("letters", *(f"likelihood:{name}" for name in NORMALIZATIONS))
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_TEMPLATE_KEY = re.compile(r"[0-9a-f]{64}:[0-9a-f]{64}")
 Name = TypeVar("Name", bound=str)
 
 
@@ -72,8 +84,42 @@ class LikelihoodCalibration:
 
 
 @dataclass(frozen=True)
+class TemplatePrior:
+    """One question template's prior: the mean uncorrected distribution over its inputs."""
+
+    option_ids: tuple[str, ...]  # the template's options, in the caller's order
+    prior: tuple[float, ...]  # by option id (`option_ids[i]`), positive, summing to 1
+    inputs: int  # how many inputs it is the mean of
+
+
+@dataclass(frozen=True)
+class TemplatePriors:
+    """Batch Calibration priors per question template, all read in `option_order`, fitted
+    from the unlabelled traffic whose sha256 is `source_sha256`."""
+
+    option_order: OptionOrder
+    source_sha256: str
+    templates: dict[str, TemplatePrior]  # by "<question_sha256>:<options_sha256>"
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "option_order": self.option_order,
+            "source_sha256": self.source_sha256,
+            "templates": {
+                key: {
+                    "option_ids": list(fitted.option_ids),
+                    "prior": list(fitted.prior),
+                    "inputs": fitted.inputs,
+                }
+                for key, fitted in self.templates.items()
+            },
+        }
+
+
+@dataclass(frozen=True)
 class Calibration:
-    """Per-kind temperatures and position priors fitted on labelled decisions."""
+    """Per-kind temperatures and position priors fitted on labelled decisions; template
+    priors (optional) fitted on unlabelled ones."""
 
     prompt_version: str
     option_order: OptionOrder
@@ -84,6 +130,7 @@ class Calibration:
     metrics: dict[str, Any] = field(default_factory=dict)
     likelihood: LikelihoodCalibration | None = None
     conformal: dict[str, ConformalSection] = field(default_factory=dict)  # by readout
+    template_priors: TemplatePriors | None = None
 
     def temperature(self, kind: QuestionKind) -> float:
         return self.temperatures.get(kind, 1.0)
@@ -96,11 +143,14 @@ class Calibration:
         }
         if self.likelihood is None:
             del document["likelihood"]  # absent, as in files written before the section
-        del document["conformal"]  # absent unless fitted: older files hash as before
+        # The optional sections are absent unless fitted: older files hash as before.
+        del document["conformal"], document["template_priors"]
         if self.conformal:
             document["conformal"] = {
                 readout: section.to_document() for readout, section in self.conformal.items()
             }
+        if self.template_priors is not None:
+            document["template_priors"] = self.template_priors.to_document()
         return {"schema_version": CALIBRATION_SCHEMA_VERSION, **document}
 
     def to_json(self) -> str:
@@ -118,14 +168,8 @@ def parse_calibration(document: object, where: str = "calibration") -> Calibrati
     prompt_version = root.get("prompt_version")
     if not isinstance(prompt_version, str) or not prompt_version:
         raise CalibrationError(f"{where}.prompt_version: required, a non-empty string")
-    option_order = root.get("option_order")
-    if option_order not in OPTION_ORDERS:
-        raise CalibrationError(
-            f"{where}.option_order: {option_order!r} is not one of {', '.join(OPTION_ORDERS)}"
-        )
-    tasks_sha256 = root.get("tasks_sha256")
-    if not isinstance(tasks_sha256, str) or not _SHA256.fullmatch(tasks_sha256):
-        raise CalibrationError(f"{where}.tasks_sha256: expected 64 lowercase hex digits")
+    option_order = _option_order(root, where)
+    tasks_sha256 = _sha256(root, "tasks_sha256", where)
     metrics = root.get("metrics", {})
     if not isinstance(metrics, Mapping):
         raise CalibrationError(f"{where}.metrics: expected an object")
@@ -143,6 +187,9 @@ def parse_calibration(document: object, where: str = "calibration") -> Calibrati
         if root.get("likelihood") is None
         else _likelihood(_mapping(root["likelihood"], f"{where}.likelihood"), where),
         conformal=_conformal(root.get("conformal", {}), f"{where}.conformal"),
+        template_priors=None
+        if root.get("template_priors") is None
+        else _template_priors(_mapping(root["template_priors"], f"{where}.template_priors"), where),
     )
 
 
@@ -156,6 +203,23 @@ def load_calibration(path: Path) -> Calibration:
         return parse_calibration(document)
     except CalibrationError as error:
         raise CalibrationError(f"{path}: {error}") from None
+
+
+def _option_order(section: Mapping[str, Any], where: str) -> OptionOrder:
+    value = section.get("option_order")
+    for order in OPTION_ORDERS:
+        if value == order:
+            return order
+    raise CalibrationError(
+        f"{where}.option_order: {value!r} is not one of {', '.join(OPTION_ORDERS)}"
+    )
+
+
+def _sha256(section: Mapping[str, Any], key: str, where: str) -> str:
+    value = section.get(key)
+    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+        raise CalibrationError(f"{where}.{key}: expected 64 lowercase hex digits")
+    return value
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
@@ -236,18 +300,63 @@ def _priors(section: Mapping[str, Any], where: str) -> dict[int, tuple[float, ..
         path = f"{where}.position_prior.{key}"
         if not key.isdigit() or not 2 <= int(key) <= MAX_PRIOR_OPTIONS:
             raise CalibrationError(f"{path}: keys are option counts 2..{MAX_PRIOR_OPTIONS}")
-        count = int(key)
-        if (
-            not isinstance(values, list)
-            or len(values) != count
-            or not all(_positive(value) for value in values)
-        ):
-            raise CalibrationError(f"{path}: expected {count} positive numbers")
-        total = float(sum(values))
-        if abs(total - 1.0) > 1e-3:
-            raise CalibrationError(f"{path}: must sum to 1, sums to {total:.6g}")
-        priors[count] = tuple(float(v) / total for v in values)
+        priors[int(key)] = _distribution(values, int(key), path)
     return priors
+
+
+def _distribution(values: object, count: int, path: str) -> tuple[float, ...]:
+    """`count` positive numbers summing to 1 (within 1e-3), renormalised exactly."""
+    if (
+        not isinstance(values, list)
+        or len(values) != count
+        or not all(_positive(value) for value in values)
+    ):
+        raise CalibrationError(f"{path}: expected {count} positive numbers")
+    total = float(sum(values))
+    if abs(total - 1.0) > 1e-3:
+        raise CalibrationError(f"{path}: must sum to 1, sums to {total:.6g}")
+    return tuple(float(v) / total for v in values)
+
+
+def _template_priors(section: Mapping[str, Any], where: str) -> TemplatePriors:
+    path = f"{where}.template_priors"
+    option_order = _option_order(section, path)
+    source_sha256 = _sha256(section, "source_sha256", path)
+    templates = _mapping(section.get("templates"), f"{path}.templates")
+    if len(templates) > MAX_TEMPLATE_PRIORS:
+        raise CalibrationError(
+            f"{path}.templates: {len(templates)} templates; at most {MAX_TEMPLATE_PRIORS}"
+        )
+    return TemplatePriors(
+        option_order,
+        source_sha256,
+        {
+            key: _template_prior(key, entry, f"{path}.templates.{key}")
+            for key, entry in templates.items()
+        },
+    )
+
+
+def _template_prior(key: str, entry: object, path: str) -> TemplatePrior:
+    if not _TEMPLATE_KEY.fullmatch(key):
+        raise CalibrationError(f"{path}: keys are <question_sha256>:<options_sha256>, hex")
+    fitted = _mapping(entry, path)
+    ids = fitted.get("option_ids")
+    if (
+        not isinstance(ids, list)
+        or not 2 <= len(ids) <= MAX_PRIOR_OPTIONS
+        or not all(isinstance(option, str) and option for option in ids)
+    ):
+        raise CalibrationError(
+            f"{path}.option_ids: expected 2..{MAX_PRIOR_OPTIONS} non-empty strings"
+        )
+    if len(set(ids)) != len(ids):
+        raise CalibrationError(f"{path}.option_ids: ids must be unique")
+    inputs = fitted.get("inputs")
+    if isinstance(inputs, bool) or not isinstance(inputs, int) or inputs < 1:
+        raise CalibrationError(f"{path}.inputs: must be a count >= 1")
+    prior = _distribution(fitted.get("prior"), len(ids), f"{path}.prior")
+    return TemplatePrior(tuple(ids), prior, inputs)
 
 
 def _positive(value: object) -> bool:

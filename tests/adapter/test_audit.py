@@ -61,7 +61,8 @@ def test_a_digest_says_what_was_decided_and_never_the_request_text() -> None:
     assert len(record["state_sha256"]) == len(record["options_sha256"]) == 64
     assert record["timing"]["evaluated_tokens"] == 90
     assert "omitted" not in record
-    assert "audit_id" not in record and "variant" not in record  # none given: no key
+    assert "audit_id" not in record
+    assert "variant" not in record
     moved = Decision("route", SECRET_STATE + " ", DECISION.question, DECISION.options)
     assert _record("digest", moved)["state_sha256"] != record["state_sha256"]
 
@@ -190,7 +191,8 @@ def test_the_callers_audit_id_and_the_variant_go_into_every_record(
             content=json.dumps({"decision": decision("x"), "audit_id": "no spaces"}),
             headers={"content-type": "application/json"},
         )
-    assert refused.status_code == 400 and refused.json()["field"] == "audit_id"
+    assert refused.status_code == 400
+    assert refused.json()["field"] == "audit_id"
     records = [json.loads(line)["audit"] for line in capsys.readouterr().out.splitlines()]
     keys = [(r["api"], r["decision_id"], r.get("audit_id")) for r in records]
     assert keys == [
@@ -208,7 +210,8 @@ def test_the_callers_audit_id_and_the_variant_go_into_every_record(
     keyed = dict(zip(queue["option_ids"], queue["probabilities"], strict=True))
     assert keyed == system_one["answers"]["queue"]["probabilities"]
     assert queue["timing"]["reused_tokens"] > 0  # the state was decoded for "refund" first
-    assert len(queue["prompt_sha256"]) == 64 and queue["readout"] == "letters"
+    assert len(queue["prompt_sha256"]) == 64
+    assert queue["readout"] == "letters"
 
 
 def test_the_variant_must_be_a_sagemaker_variant_name() -> None:

@@ -1,12 +1,14 @@
 """The calibration in force, on the real tiny model: each kind's temperature and the position
-prior are applied where the calibration was fitted, the likelihood readout's temperature per
-normalization and kind, reported per result, and a calibration fitted under another prompt
-version (letters or likelihood) is refused at start."""
+prior are applied where the calibration was fitted, a template prior by option id on its own
+template only, the likelihood readout's temperature per normalization and kind, reported per
+result, and a calibration fitted under another prompt version (letters or likelihood) is
+refused at start."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,13 @@ from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
 from adapter.runtime import load_service
 from adapter.schema import parse_decision
 from adapter.settings import Settings
-from model_build.calibration import Calibration, LikelihoodCalibration
+from adapter.template_key import template_key
+from model_build.calibration import (
+    Calibration,
+    LikelihoodCalibration,
+    TemplatePrior,
+    TemplatePriors,
+)
 from tests.support.manifests import write_manifest
 from tests.support.serving import decision, serving
 
@@ -120,6 +128,7 @@ def test_canonical_divides_the_prior_and_applies_the_choice_temperature(
         "applied": True,
         "temperature": 2.0,
         "position_prior": True,
+        "template_prior": False,
     }
 
 
@@ -191,3 +200,63 @@ def test_a_likelihood_calibration_for_another_listing_is_refused_at_start(
     assert "likelihood calibration" in message
     assert repr(LIKELIHOOD_PROMPT_VERSIONS["listed"]) in message
     assert repr(LIKELIHOOD_PROMPT_VERSIONS["unlisted"]) in message
+
+
+TEMPLATE_PRIOR = {"account_access": 0.2, "billing": 0.7, "sales": 0.1}
+
+
+def template_calibration() -> Calibration:
+    """CALIBRATION with a template prior for `decision()`'s template, fitted in canonical."""
+    fitted = parse_decision(decision(), "decision")
+    prior = TemplatePrior(tuple(TEMPLATE_PRIOR), tuple(TEMPLATE_PRIOR.values()), inputs=25)
+    return replace(
+        CALIBRATION,
+        template_priors=TemplatePriors("canonical", "c" * 64, {template_key(fitted): prior}),
+    )
+
+
+PERMUTED = (
+    ("sales", "Sales and product evaluation."),
+    ("account_access", "Account access and authentication support."),
+    ("billing", "Billing and payment support."),
+)
+# The template's decision in canonical and as_given, the same options listed otherwise
+# (another template), another question (another template), and read by likelihood.
+TEMPLATE_BODIES: dict[str, dict[str, Any]] = {
+    "canonical": {"decision": decision(), "option_order": "canonical"},
+    "as_given": {"decision": decision(), "option_order": "as_given"},
+    "permuted": {"decision": decision(options=PERMUTED), "option_order": "canonical"},
+    "question": {"decision": decision(question="Who answers?"), "option_order": "canonical"},
+    "likelihood": {"decision": decision(), "readout": "likelihood", "normalization": "mean"},
+}
+
+
+def test_a_template_prior_is_divided_out_by_option_id_of_its_own_template_only(
+    tiny_model_dir: Path,
+) -> None:
+    """prob ∝ (p / prior(id)) ** (1 / T), in place of the position prior, only for the
+    template's key and options, in the mode the priors were fitted in; reported."""
+    settings = Settings(model_dir=tiny_model_dir, threads=2, prefix_reuse=False)
+    with serving(settings) as client:
+        plain = {name: post(client, body)["result"] for name, body in TEMPLATE_BODIES.items()}
+    write_manifest(tiny_model_dir, template_calibration())
+    with serving(settings) as client:
+        served = {name: post(client, body)["result"] for name, body in TEMPLATE_BODIES.items()}
+    canonical = served["canonical"]
+    expected = tempered(plain["canonical"]["probabilities"], 2.0, list(TEMPLATE_PRIOR.values()))
+    assert canonical["probabilities"] == pytest.approx(list(expected), abs=1e-6)
+    assert canonical["calibration"]["template_prior"] is True
+    assert canonical["calibration"]["position_prior"] is False
+    # Another mode (uncalibrated, as CALIBRATION is canonical), another readout: no prior.
+    for name in ("as_given", "likelihood"):
+        assert served[name]["calibration"]["template_prior"] is False
+    assert served["as_given"]["probabilities"] == pytest.approx(
+        plain["as_given"]["probabilities"], abs=1e-6
+    )
+    for name in ("permuted", "question"):  # another template: the position prior instead
+        options = parse_decision(TEMPLATE_BODIES[name]["decision"], "decision").options
+        prior_by_id = to_caller(PRIOR, canonical_order(options))
+        expected = tempered(plain[name]["probabilities"], 2.0, prior_by_id)
+        assert served[name]["probabilities"] == pytest.approx(list(expected), abs=1e-6)
+        assert served[name]["calibration"]["template_prior"] is False
+        assert served[name]["calibration"]["position_prior"] is True

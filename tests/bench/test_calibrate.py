@@ -1,6 +1,7 @@
 """`semif-calibrate`: the fits recover what was planted, and a run against a real tiny
 `serve` writes a calibration the adapter accepts (the likelihood readout's section too),
-fitted on what the adapter serves."""
+fitted on what the adapter serves; `--unlabelled` fits template priors from request lines
+and from audit records (a file, S3) that the adapter then serves."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import boto3
 import numpy as np
 import pytest
+from moto import mock_aws
 
 from adapter.app import create_app
 from adapter.calibration import check_calibration
@@ -18,6 +21,7 @@ from adapter.ordering import canonical_order, rotations
 from adapter.prompts import LIKELIHOOD_PROMPT_VERSIONS, PROMPT_VERSION
 from adapter.readout import log_softmax
 from adapter.settings import Settings
+from adapter.template_key import template_key
 from bench.calibrate import (
     TEMPERATURE_BOUNDS,
     Scored,
@@ -30,9 +34,11 @@ from bench.calibrate import (
 from bench.metrics import Answer
 from bench.multi_label_fit import rows
 from bench.runner import open_client
-from bench.tasks import SMOKE_TASKS, Task, load_tasks, single_body
+from bench.tasks import SMOKE_TASKS, Task, decision_json, load_tasks, single_body
 from model_build.calibration import OptionOrder, load_calibration
 from tests.support.live_server import live_server
+from tests.support.manifests import write_manifest
+from tests.support.serving import post_ok, serving
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -211,3 +217,109 @@ def test_conformal_writes_sets_the_adapter_serves_and_reports_their_coverage(
     # Two held-out scores cannot back 0.8 (it needs 4): every set is every option.
     assert (multi["coverage"], multi["singletons"]) == (1.0, 0.0)
     assert "conformal prediction sets" in capsys.readouterr().out
+
+
+def _routing_and_priority() -> tuple[list[Task], list[Task]]:
+    """Six inputs of one template (the routing question) and two of another."""
+    choices = [t for t in load_tasks() if t.question_type == "choice"]
+    routing = [t for t in choices if t.family == "routing"][:6]
+    priority = [t for t in choices if t.family != "routing"][:2]
+    return routing, priority
+
+
+def test_unlabelled_requests_fit_template_priors_the_adapter_serves(
+    tiny_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    routing, priority = _routing_and_priority()
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(
+        "".join(
+            json.dumps({"decision": decision_json(t.decision), "option_order": "as_given"}) + "\n"
+            for t in routing + priority
+        )
+    )
+    out = tmp_path / "out"
+    main(["--unlabelled", str(requests), "--url", tiny_url, "--min-inputs", "5", "--out", str(out)])
+    calibration = load_calibration(out / "calibration.json")
+    check_calibration(calibration, "unlisted")
+    priors = calibration.template_priors
+    assert priors is not None
+    assert priors.option_order == "canonical"
+    key = template_key(routing[0].decision)
+    assert list(priors.templates) == [key]
+    report = json.loads((out / "template-priors-report.json").read_text())
+    assert report["too_few"] == {template_key(priority[0].decision): 2}
+    assert (report["inputs"], report["scored_again"]) == (8, 8)
+    # The prior is the mean of what the server serves in canonical, uncorrected (the
+    # request lines' own option_order is not what it is for).
+    client = open_client(url=tiny_url, endpoint=None, region=None, timeout_s=60)
+    served = [
+        client.invoke({**single_body(t.decision), "option_order": "canonical"})["result"]
+        for t in routing
+    ]
+    mean = np.mean([answer["probabilities"] for answer in served], axis=0)
+    fitted = priors.templates[key]
+    assert (fitted.option_ids, fitted.inputs) == (routing[0].labels, 6)
+    assert fitted.prior == pytest.approx(list(mean), abs=5e-3)
+    # Served: divided out by option id, on this template only, and said so.
+    write_manifest(tiny_model_dir, calibration)
+    with serving(Settings(model_dir=tiny_model_dir, max_tokens=2048, threads=2)) as adapter:
+        corrected = post_ok(adapter, single_body(routing[0].decision))["result"]
+        other = post_ok(adapter, single_body(priority[0].decision))["result"]
+    expected = np.asarray(served[0]["probabilities"]) / np.asarray(fitted.prior)
+    assert corrected["probabilities"] == pytest.approx(list(expected / expected.sum()), abs=5e-3)
+    assert corrected["calibration"]["template_prior"] is True
+    assert other["calibration"]["template_prior"] is False
+
+
+def _audit_log(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """The routing inputs asked of a server keeping full records, in canonical (the records'
+    probabilities are what the prior needs) and in as_given (they must be scored again):
+    the canonical records' log text, and all of it."""
+    routing, _ = _routing_and_priority()
+    capsys.readouterr()
+    settings = Settings(model_dir=model_dir, max_tokens=2048, threads=2, audit="full")
+    logs = []
+    with serving(settings) as client:
+        for order in ("canonical", "as_given"):
+            for task in routing:
+                post_ok(client, {**single_body(task.decision), "option_order": order})
+            logs.append(capsys.readouterr().out)
+    return logs[0], "".join(logs)
+
+
+def test_unlabelled_audit_records_are_used_as_they_are_or_scored_again(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    canonical, both = _audit_log(tiny_model_dir, capsys)
+    (tmp_path / "canonical.log").write_text(canonical)
+    (tmp_path / "both.log").write_text(both)
+    with mock_aws():  # records that need no scoring need no target
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="audit")
+        s3.put_object(Bucket="audit", Key="records.log", Body=canonical.encode())
+        main(
+            [
+                "--unlabelled", "s3://audit/records.log", "--region", "us-east-1",
+                "--min-inputs", "6", "--out", str(tmp_path / "s3"),
+            ]
+        )  # fmt: skip
+    from_s3 = load_calibration(tmp_path / "s3" / "calibration.json")
+    assert from_s3.template_priors is not None
+    [(key, fitted)] = from_s3.template_priors.templates.items()
+    recorded = [
+        json.loads(line)["audit"]["probabilities"] for line in canonical.splitlines() if line
+    ]
+    assert fitted.prior == pytest.approx(list(np.mean(recorded, axis=0)), abs=1e-12)
+    with pytest.raises(SystemExit, match="6 decisions must be scored"):
+        main(["--unlabelled", str(tmp_path / "both.log"), "--out", str(tmp_path / "x")])
+    settings = Settings(model_dir=tiny_model_dir, max_tokens=2048, threads=2)
+    with live_server(create_app(settings)) as url:
+        out = tmp_path / "out"
+        main(["--unlabelled", str(tmp_path / "both.log"), "--url", url, "--out", str(out)])
+    report = json.loads((out / "template-priors-report.json").read_text())
+    assert (report["inputs"], report["scored_again"]) == (12, 6)
+    assert report["too_few"] == {key: 12}  # under the default minimum of 20: no prior
+    none = load_calibration(out / "calibration.json").template_priors
+    assert none is not None
+    assert none.templates == {}
