@@ -9,8 +9,9 @@ one order, not enough for the prior or the held-out report).
 
 RECORDS: a file or an `s3://bucket/key` object of lines, each holding one JSON object whose
 `audit` key is a record; other lines are skipped, and anything before a line's first `{`
-(a CloudWatch Logs export's timestamp) is ignored. LABELS: JSON Lines of `{"decision_id",
-"label"}`, with `request_id` where decision ids repeat across requests (it then must match).
+(a CloudWatch Logs export's timestamp) is ignored (client.audit_records reads them).
+LABELS: JSON Lines of `{"decision_id", "label"}`, with `request_id` where decision ids
+repeat across requests (it then must match).
 A labelled record that is not `full` (no request text) or names a label that is not one of
 its options is an error naming it; records without a label are left out, and counted.
 """
@@ -20,13 +21,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from adapter.errors import RequestError
 from adapter.schema import Decision, Option, parse_decision
 from bench.tasks import Task, decision_json
-from client.aws import aws_client, split_s3_uri
+
+# Reading records is the client's (a pipeline reads them without llama.cpp); semif-calibrate
+# imports them from here beside the rest of --from-audit.
+from client.audit_records import read_source as read_source
+from client.audit_records import records as records
 
 
 class AuditTasksError(ValueError):
@@ -39,31 +43,6 @@ class AuditTasks:
 
     tasks: list[Task]
     unlabelled: int
-
-
-def read_source(source: str, region: str | None = None) -> bytes:
-    """A local file's bytes, or an S3 object's."""
-    if source.startswith("s3://"):
-        bucket, key = split_s3_uri(source)
-        body: bytes = aws_client("s3", region).get_object(Bucket=bucket, Key=key)["Body"].read()
-        return body
-    return Path(source).read_bytes()
-
-
-def records(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """Every audit record among `lines` (log lines that are not records are skipped)."""
-    found = []
-    for line in lines:
-        start = line.find("{")
-        if start < 0:
-            continue
-        try:
-            value = json.loads(line[start:])
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict) and isinstance(value.get("audit"), dict):
-            found.append(value["audit"])
-    return found
 
 
 def read_labels(lines: Iterable[str], source: str) -> dict[tuple[str | None, str], str]:

@@ -10,9 +10,12 @@
         --kms-key-id KEY
     semif batch async tickets.jsonl --endpoint-name NAME --input-prefix s3://B/async/input/
         --out answers.jsonl
+    semif shadow-report --primary RECORDS --candidate RECORDS --gate 0.8 --out DIR
+    semif shadow-report --requests bodies.jsonl --primary-url URL --candidate-url URL
 
 Requests come from a JSON file or stdin (`-`); answers print as a table, or as the raw
-JSON with `--json`. Exit codes: 0 answered, 1 the endpoint refused or failed, 2 usage.
+JSON with `--json`. Exit codes: 0 answered, 1 the endpoint refused or failed, 2 usage
+(`shadow-report`: 1 when the candidate crosses a threshold).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from client.async_endpoint import run_async
+from client.audit_records import AuditRecordsError, read_lines
 from client.aws import aws_client
 from client.batch_aws import TransformJob, cost, submit
 from client.batch_local import run_local
@@ -46,6 +51,20 @@ from client.decision_client import (
 )
 from client.errors import BatchInputError
 from client.series_check import SERIES, series_warning
+from client.shadow_report import (
+    Pairing,
+    ShadowInputError,
+    Thresholds,
+    breaches,
+    compare,
+    format_report,
+    live_pairing,
+    pair_readings,
+    read_requests,
+    readings,
+    split_variants,
+    write_report,
+)
 
 TOP_PROBABILITIES = 5
 
@@ -353,8 +372,100 @@ def _batch_async(args: argparse.Namespace) -> None:
     print(f"{args.out}: {summary.describe()}")
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a number from 0 to 1")
+    return value
+
+
+def _shadow_pairing(args: argparse.Namespace) -> Pairing:
+    """The two sides paired from whichever source the command line names (one of three)."""
+    records = (args.primary, args.candidate)
+    mixed = (args.records, args.primary_variant, args.candidate_variant)
+    live = (args.requests, args.primary_url, args.candidate_url)
+    named = [group for group in (records, mixed, live) if any(group)]
+    if len(named) != 1 or not all(named[0]):
+        raise UsageError(
+            "shadow-report compares one source: --primary RECORDS --candidate RECORDS, or "
+            "--records RECORDS --primary-variant NAME --candidate-variant NAME, or "
+            "--requests FILE --primary-url URL --candidate-url URL"
+        )
+    if args.primary:
+        return pair_readings(
+            readings(read_lines(args.primary, args.region), args.primary),
+            readings(read_lines(args.candidate, args.region), args.candidate),
+        )
+    if args.records:
+        both = readings(read_lines(args.records, args.region), args.records)
+        primary, candidate, neither = split_variants(
+            both, args.primary_variant, args.candidate_variant
+        )
+        return replace(pair_readings(primary, candidate), unassigned=neither)
+    bodies = read_requests(read_lines(args.requests, args.region), args.requests)
+    retry = RetryPolicy(max_attempts=args.max_attempts, max_total_s=args.max_retry_s)
+    api_key = os.environ.get("SEMIF_API_KEY") or None
+    with (
+        DecisionClient.for_url(
+            args.primary_url, retry=retry, timeout_s=args.timeout, api_key=api_key
+        ) as primary_client,
+        DecisionClient.for_url(
+            args.candidate_url, retry=retry, timeout_s=args.timeout, api_key=api_key
+        ) as candidate_client,
+    ):
+        return live_pairing(bodies, primary_client.invoke, candidate_client.invoke)
+
+
+def _shadow_report(args: argparse.Namespace) -> int:
+    """Compare the candidate with the primary (client.shadow_report); 1 when it crosses a
+    threshold, which the report names."""
+    if args.max_gate_crossings is not None and args.gate is None:
+        raise UsageError("--max-gate-crossings needs --gate")
+    try:
+        pairing = _shadow_pairing(args)
+    except (AuditRecordsError, ShadowInputError) as error:
+        raise UsageError(str(error)) from None
+    report = compare(pairing, args.gate)
+    thresholds = Thresholds(args.min_agreement, args.max_mean_tv, args.max_gate_crossings)
+    found = breaches(report, thresholds)
+    print(format_report(report))
+    if args.out:
+        for note in write_report(report, thresholds, found, Path(args.out), plot=not args.no_plot):
+            print(note)
+    for breach in found:
+        print(f"semif: shadow report: {breach}", file=sys.stderr)
+    return 1 if found else 0
+
+
+def _retrying() -> argparse.ArgumentParser:
+    """The retry and timeout options of every command that calls an endpoint."""
+    retrying = argparse.ArgumentParser(add_help=False)
+    retries = retrying.add_argument_group("retries")
+    defaults = RetryPolicy()
+    retries.add_argument(
+        "--max-attempts",
+        type=_positive_int,
+        default=defaults.max_attempts,
+        help="most tries while an endpoint is busy (503, 429; default %(default)s)",
+    )
+    retries.add_argument(
+        "--max-retry-s",
+        type=_seconds,
+        default=defaults.max_total_s,
+        help="no retry starts later than this after the first try (default %(default)s)",
+    )
+    retries.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="HTTP timeout for a URL, seconds (SageMaker calls: the runtime's 70 s)",
+    )
+    return retrying
+
+
 def _parser() -> argparse.ArgumentParser:
-    target = argparse.ArgumentParser(add_help=False)
+    retrying = _retrying()
+    target = argparse.ArgumentParser(add_help=False, parents=[retrying])
     where = target.add_argument_group("endpoint (one of)")
     choice = where.add_mutually_exclusive_group(required=True)
     choice.add_argument("--url", help="a local or self-hosted serve, e.g. http://127.0.0.1:8080")
@@ -371,25 +482,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     behaviour = target.add_argument_group("behaviour")
     behaviour.add_argument("--json", action="store_true", help="print the raw JSON answer")
-    defaults = RetryPolicy()
-    behaviour.add_argument(
-        "--max-attempts",
-        type=_positive_int,
-        default=defaults.max_attempts,
-        help="most tries while the endpoint is busy (503, 429; default %(default)s)",
-    )
-    behaviour.add_argument(
-        "--max-retry-s",
-        type=_seconds,
-        default=defaults.max_total_s,
-        help="no retry starts later than this after the first try (default %(default)s)",
-    )
-    behaviour.add_argument(
-        "--timeout",
-        type=float,
-        default=120.0,
-        help="HTTP timeout for --url, seconds (SageMaker calls: the runtime's 70 s)",
-    )
 
     parser = argparse.ArgumentParser(prog="semif", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -486,6 +578,41 @@ def _parser() -> argparse.ArgumentParser:
         "--wait-timeout", type=float, default=3600.0, help="seconds to wait for the answer"
     )
     queued.set_defaults(run=_batch_async)
+    shadow = commands.add_parser(
+        "shadow-report",
+        parents=[retrying],
+        help="compare a candidate endpoint's answers with the primary's (records or live)",
+    )
+    sources = shadow.add_argument_group(
+        "source (one of: --primary/--candidate, --records with the variants, --requests "
+        "with the URLs); RECORDS: a file or s3://bucket/key of audit record lines"
+    )
+    sources.add_argument("--primary", help="the primary's audit records")
+    sources.add_argument("--candidate", help="the candidate's audit records")
+    sources.add_argument("--records", help="both sides' records, told apart by `variant`")
+    sources.add_argument("--primary-variant", help="the primary's variant name in --records")
+    sources.add_argument("--candidate-variant", help="the candidate's variant name in --records")
+    sources.add_argument("--requests", help="JSON Lines of decision API bodies, sent to both")
+    sources.add_argument("--primary-url", help="the primary serve, for --requests")
+    sources.add_argument("--candidate-url", help="the candidate serve, for --requests")
+    sources.add_argument("--region", help="AWS region for s3:// records (default: boto3's)")
+    gates = shadow.add_argument_group("thresholds (exit status 1 when one is crossed)")
+    gates.add_argument(
+        "--gate",
+        type=_fraction,
+        help="an answer passes when its top probability is at least this and it did not "
+        "abstain; pairs on either side of it are gate crossings",
+    )
+    gates.add_argument("--min-agreement", type=_fraction, help="least top-option agreement")
+    gates.add_argument("--max-mean-tv", type=_fraction, help="most mean total-variation distance")
+    gates.add_argument(
+        "--max-gate-crossings",
+        type=_fraction,
+        help="most gate crossings, as a share of the pairs compared (both directions)",
+    )
+    shadow.add_argument("--out", help="a folder for shadow-report.json and shadow-report.png")
+    shadow.add_argument("--no-plot", action="store_true", help="write no plot")
+    shadow.set_defaults(run=_shadow_report)
     return parser
 
 
@@ -496,14 +623,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "endpoint_url", None) and not args.endpoint_name:
         parser.error("--endpoint-url goes with --endpoint-name")
     try:
-        args.run(args)
+        code: int | None = args.run(args)  # a command that judges says its own status
     except UsageError as error:
         print(f"semif: {error}", file=sys.stderr)
         return 2
     except EndpointError as error:
         print(f"semif: {error}", file=sys.stderr)
         return 1
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

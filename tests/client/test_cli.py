@@ -128,7 +128,7 @@ def documented_commands() -> list[str]:
 
 def test_the_docs_show_every_command() -> None:
     commands = {line.split()[1] for line in documented_commands()}
-    assert commands == {"decide", "systemone", "chat", "wait", "check", "batch"}
+    assert commands == {"decide", "systemone", "chat", "wait", "check", "batch", "shadow-report"}
 
 
 @pytest.mark.parametrize("line", documented_commands())
@@ -139,6 +139,8 @@ def test_documented_command_runs(
         pytest.skip("DescribeEndpoint needs AWS; covered with botocore's Stubber in test_client")
     if line.startswith(("semif batch submit", "semif batch async")):
         pytest.skip("S3 and SageMaker jobs need AWS; covered with moto in test_batch_aws")
+    if line.startswith("semif shadow-report"):
+        pytest.skip("needs two servers' records: run by test_shadow_report on real servers")
     command, _, stdin_file = line.partition(" < ")
     argv = shlex.split(command)[1:]
     argv = [url if arg == DOC_URL else arg for arg in argv]
@@ -161,7 +163,7 @@ def test_console_script_is_installed() -> None:
     script = Path(sys.executable).with_name("semif")
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    assert "{decide,systemone,chat,wait,check,batch}" in result.stdout
+    assert "{decide,systemone,chat,wait,check,batch,shadow-report}" in result.stdout
 
 
 def test_check_passes_on_a_serving_endpoint(url: str, capsys: pytest.CaptureFixture[str]) -> None:
