@@ -6,7 +6,9 @@ endpoint's automatic-rollback alarms during a blue/green update. Those read fail
 model regressions only, never load: the 5XX rate (the adapter answers load with a 429),
 and the model's scoring speed and letter mass from its own `/metrics`. Latency is not
 alarmed on: under admission control a request's queue wait is part of `ModelLatency` by
-design, and the adapter's own deadline already bounds it. An asynchronous endpoint scales
+design, and the adapter's own deadline already bounds it (a shadow variant's alarms, which
+page only, do watch it: there it says whether the candidate keeps up, `EndpointAlarms`).
+An asynchronous endpoint scales
 on its queue instead, down to zero instances, rolls back on failed invocations, and alarms
 on the age of its oldest queued request (`AsyncEndpointAutoscaling`, `AsyncEndpointAlarms`).
 """
@@ -153,13 +155,18 @@ class EndpointAutoscaling(Construct):
 
 class EndpointAlarms(Construct):
     """5XX rate and instance health (memory, disk, and GPU memory on GPU placements) for
-    one variant, each with alarm and OK actions on `topic`.
+    one variant (`variant_name`, the production one unless named), each with alarm and OK
+    actions on `topic`.
 
     With GPU instance pools SageMaker adds an `InstanceType` dimension, so the alarms are
     repeated for each pool type next to the variant-wide set; the types not chosen stay
     without data, which counts as not breaching. `rollback_alarms` are the 5XX alarms (one
     per pool type with pools, whose metrics carry InstanceType, else the variant's): a
     failure, never load, since the adapter answers load with 429.
+
+    `max_latency_seconds` adds a `ModelLatency` p90 alarm, for a shadow variant: its answers
+    reach no caller, so only its metrics say whether it would keep up with the traffic it
+    shadows (a shadow's alarms page and never roll anything back).
     """
 
     def __init__(
@@ -172,15 +179,27 @@ class EndpointAlarms(Construct):
         topic: sns.ITopic,
         gpu: bool = False,
         instance_types: Sequence[str] = (),
+        variant_name: str = VARIANT_NAME,
+        max_latency_seconds: float | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        require(
+            max_latency_seconds is None or max_latency_seconds > 0,
+            f"alarms max_latency_seconds: {max_latency_seconds} must be > 0",
+        )
         self.alarms: list[cloudwatch.Alarm] = []
         self.rollback_alarms: list[cloudwatch.Alarm] = []
-        base = {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}
+        base = {"EndpointName": endpoint_name, "VariantName": variant_name}
+        variant = "" if variant_name == VARIANT_NAME else f" of variant {variant_name}"
         for instance_type in (None, *instance_types):
             dimensions = base if instance_type is None else {**base, "InstanceType": instance_type}
-            label = "" if instance_type is None else f" on {instance_type}"
+            label = variant if instance_type is None else f"{variant} on {instance_type}"
             prefix = "Variant" if instance_type is None else instance_type.replace(".", "")
+            latency = (
+                []
+                if max_latency_seconds is None
+                else [_latency_check(dimensions, max_latency_seconds)]
+            )
             failures, *health = _threshold_alarms(
                 self,
                 prefix,
@@ -188,6 +207,7 @@ class EndpointAlarms(Construct):
                 [
                     _five_xx_check(dimensions, thresholds.five_xx_rate_percent),
                     *_health_checks(dimensions, thresholds, gpu),
+                    *latency,
                 ],
             )
             self.alarms += [failures, *health]
@@ -235,6 +255,16 @@ def _five_xx_check(dimensions: dict[str, str], percent: float) -> Check:
         label="5XX error rate (%)",
     )
     return ("5xx", "5XX error rate (%)", error_rate, percent)
+
+
+def _latency_check(dimensions: dict[str, str], seconds: float) -> Check:
+    """The 90th percentile of the container's answer time (`ModelLatency`, microseconds)."""
+    return (
+        "Latency",
+        "ModelLatency p90 (microseconds)",
+        sagemaker_metric(INVOCATION_NAMESPACE, "ModelLatency", dimensions, "p90"),
+        seconds * 1_000_000,
+    )
 
 
 def _health_checks(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aws_cdk import aws_sagemaker as sagemaker
@@ -44,6 +44,8 @@ PREFIX_AWARE = "PREFIX_AWARE"
 LEAST_OUTSTANDING_REQUESTS = "LEAST_OUTSTANDING_REQUESTS"
 # botocore: AsyncInferenceClientConfig.MaxConcurrentInvocationsPerInstance.
 ASYNC_INVOCATIONS_PER_INSTANCE = (1, 1000)
+# botocore: ProductionVariant.VariantName (ModelVariantName), at most 63 characters.
+_VARIANT_NAME = re.compile(r"^[a-zA-Z0-9](?:[-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?$")
 # A key prefix in the artifact bucket: relative, ending in "/", no wildcard or odd characters.
 _KEY_PREFIX = re.compile(r"^(?:[a-z0-9][a-z0-9._-]*/)+$")
 
@@ -353,3 +355,41 @@ class AsyncInference:
                 max_concurrent_invocations_per_instance=self.invocations_per_instance
             ),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShadowVariant:
+    """A shadow production variant of an endpoint (the config's ShadowProductionVariants):
+    its own model (`model` served with `environment`) on `instance_count` instances of
+    `placement`. SageMaker copies `sampling_percentage` % of the requests the production
+    variant answers to it and discards its answers, so callers never see them; its
+    metrics carry its own `variant_name`.
+
+    The share is the shadow's InitialVariantWeight against the production variant's 1.0,
+    as SageMaker's shadow tests set it (`weight`).
+    """
+
+    variant_name: str
+    model: ModelArtifact
+    environment: Mapping[str, str]
+    placement: Placement
+    instance_count: int
+    sampling_percentage: int
+
+    def __post_init__(self) -> None:
+        require(
+            bool(_VARIANT_NAME.fullmatch(self.variant_name)),
+            f"shadow.variant_name: {self.variant_name!r} is not a SageMaker variant name",
+        )
+        require(
+            self.instance_count >= 1,
+            f"shadow.instance_count: {self.instance_count} must be >= 1",
+        )
+        require(
+            1 <= self.sampling_percentage <= 100,
+            f"shadow.sampling_percentage: {self.sampling_percentage} is outside 1..100",
+        )
+
+    @property
+    def weight(self) -> float:
+        return self.sampling_percentage / 100

@@ -81,16 +81,7 @@ class ExecutionRole(iam.Role):
             description=f"SageMaker execution role of {endpoint_name}",
         )
         self.artifact = model
-        self.add_to_policy(
-            iam.PolicyStatement(actions=["s3:GetObject"], resources=[model.object_arn])
-        )
-        self.add_to_policy(
-            iam.PolicyStatement(
-                actions=["kms:Decrypt"],
-                resources=[model.key.key_arn],
-                conditions={"StringEquals": {"kms:ViaService": _via(stack, "s3")}},
-            )
-        )
+        self.allow_model(model)
         self.add_to_policy(
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
@@ -142,6 +133,20 @@ class ExecutionRole(iam.Role):
                 "scoping; the ENI actions are limited to those subnets by condition"
             )
         acknowledge(self, "AwsSolutions-IAM5[Resource::*]", "; ".join(unscoped) + ".")
+
+    def allow_model(self, model: ModelArtifact) -> None:
+        """Read `model`'s object (decrypting with its key via S3 only): the endpoint's own
+        model, and a shadow variant's, which SageMaker starts as the same role."""
+        self.add_to_policy(
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[model.object_arn])
+        )
+        self.add_to_policy(
+            iam.PolicyStatement(
+                actions=["kms:Decrypt"],
+                resources=[model.key.key_arn],
+                conditions={"StringEquals": {"kms:ViaService": _via(Stack.of(self), "s3")}},
+            )
+        )
 
     def allow_batch_transform(self, *, input_prefix: str, output_prefix: str) -> None:
         """Let transform jobs run on the model: a job reads its S3 input and writes its

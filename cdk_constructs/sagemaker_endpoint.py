@@ -6,9 +6,11 @@ The endpoint name is fixed per environment so its log group, alarms and scaling 
 can name it. Updates keep the variant's current instance count and weight
 (`RetainAllVariantProperties`, unless the endpoint asks for its config's own) and roll out
 blue/green by the typed `Rollout` policy, rolling back automatically when one of the
-endpoint's alarms fires. The same construct builds an asynchronous endpoint
-(`AsyncInference`): requests and answers in S3, outcomes on SNS; and its role may be
-opened to batch transform jobs (`role.allow_batch_transform`). The props are in
+endpoint's alarms fires. A real-time endpoint may carry a shadow variant (`ShadowVariant`):
+a second model that SageMaker sends a copy of a share of the requests and whose answers
+it discards. The same construct builds an asynchronous endpoint (`AsyncInference`):
+requests and answers in S3, outcomes on SNS; and its role may be opened to batch
+transform jobs (`role.allow_batch_transform`). The props are in
 `endpoint_props.py`, the role and its grants in `execution_role.py`.
 """
 
@@ -33,6 +35,7 @@ from cdk_constructs.endpoint_props import (
     Placement,
     Rollout,
     Routing,
+    ShadowVariant,
 )
 from cdk_constructs.execution_role import ExecutionRole
 from cdk_constructs.model_artifact import ModelArtifact
@@ -62,7 +65,9 @@ class SageMakerEndpoint(Construct):
     `async_inference` makes it an asynchronous endpoint, its role allowed exactly the
     request, answer and failure prefixes and the two topics. `retain_variant_properties`
     False makes an update start the new config's own `initial_instance_count` instead of
-    keeping the current count.
+    keeping the current count. `shadow` adds a shadow variant on the same role, network and
+    routing: only under ShadowProductionVariants, so it never answers a caller, and
+    neither `variant_name` (what scaling and alarms target) nor the rollback alarms are its.
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class SageMakerEndpoint(Construct):
         routing: Routing | None = None,
         async_inference: AsyncInference | None = None,
         retain_variant_properties: bool = True,
+        shadow: ShadowVariant | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         require(
@@ -98,6 +104,17 @@ class SageMakerEndpoint(Construct):
         )
         if rollout is not None:
             rollout.check_capacity(initial_instance_count, f"{endpoint_name} rollout")
+        if shadow is not None:
+            require(
+                async_inference is None,
+                f"{endpoint_name}: a shadow variant on an asynchronous endpoint; SageMaker "
+                "runs shadow variants on real-time endpoints only",
+            )
+            require(
+                shadow.variant_name != VARIANT_NAME,
+                f"{endpoint_name}: the shadow variant needs a name of its own, not "
+                f"{VARIANT_NAME!r}",
+            )
         self.endpoint_name = endpoint_name
         self.variant_name = VARIANT_NAME
         self.image = image
@@ -120,45 +137,44 @@ class SageMakerEndpoint(Construct):
             network=network,
             rollback_alarms=rollback_alarms,
         )
-        self.model = sagemaker.CfnModel(
-            self,
-            "Model",
-            execution_role_arn=self.role.role_arn,
-            enable_network_isolation=True,
-            primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
-                image=self.image_uri,
-                model_data_url=model.model_data_url,
-                environment=dict(sorted(environment.items())),
-            ),
-            vpc_config=None
-            if network is None
-            else sagemaker.CfnModel.VpcConfigProperty(
-                subnets=list(network.subnet_ids),
-                security_group_ids=list(network.security_group_ids),
-            ),
-        )
-        # SageMaker checks the role when it creates the model: policies first.
-        self.model.node.add_dependency(self.role)
-        if network is None:
-            acknowledge(
-                self.model,
-                "AwsSolutions-SM1",
-                "Network isolation is on: the container has no network at all, so a VPC "
-                "adds nothing; environments that need one set `network` in the config.",
+        self.model = self._model("Model", model, environment, network)
+        self.shadow_model: sagemaker.CfnModel | None = None
+        shadow_variants = None
+        if shadow is not None:
+            self.role.allow_model(shadow.model)
+            self.shadow_model = self._model(
+                "ShadowModel", shadow.model, shadow.environment, network
             )
-        volume_key = isinstance(placement, CpuPlacement) and not placement.has_instance_storage
+            shadow_variants = [
+                _production_variant(
+                    variant_name=shadow.variant_name,
+                    model_name=self.shadow_model.attr_model_name,
+                    placement=shadow.placement,
+                    initial_instance_count=shadow.instance_count,
+                    weight=shadow.weight,
+                    startup_timeout_seconds=startup_timeout_seconds,
+                    routing=routing,
+                )
+            ]
+        placements = [placement] if shadow is None else [placement, shadow.placement]
+        volume_key = all(
+            isinstance(each, CpuPlacement) and not each.has_instance_storage for each in placements
+        )
         self.endpoint_config = sagemaker.CfnEndpointConfig(
             self,
             "Config",
             production_variants=[
                 _production_variant(
+                    variant_name=VARIANT_NAME,
                     model_name=self.model.attr_model_name,
                     placement=placement,
                     initial_instance_count=initial_instance_count,
+                    weight=1.0,
                     startup_timeout_seconds=startup_timeout_seconds,
                     routing=routing,
                 )
             ],
+            shadow_production_variants=shadow_variants,
             metrics_config=None if observability is None else observability.metrics_config(),
             async_inference_config=None
             if async_inference is None
@@ -190,12 +206,51 @@ class SageMakerEndpoint(Construct):
         if async_inference is not None:
             self.role.allow_async_inference(async_inference)
 
+    def _model(
+        self,
+        construct_id: str,
+        model: ModelArtifact,
+        environment: Mapping[str, str],
+        network: NetworkSettings | None,
+    ) -> sagemaker.CfnModel:
+        """One SageMaker model of this endpoint: the image with `model`'s artifact and
+        `environment`, network-isolated, run as the endpoint's role."""
+        cfn_model = sagemaker.CfnModel(
+            self,
+            construct_id,
+            execution_role_arn=self.role.role_arn,
+            enable_network_isolation=True,
+            primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
+                image=self.image_uri,
+                model_data_url=model.model_data_url,
+                environment=dict(sorted(environment.items())),
+            ),
+            vpc_config=None
+            if network is None
+            else sagemaker.CfnModel.VpcConfigProperty(
+                subnets=list(network.subnet_ids),
+                security_group_ids=list(network.security_group_ids),
+            ),
+        )
+        # SageMaker checks the role when it creates the model: policies first.
+        cfn_model.node.add_dependency(self.role)
+        if network is None:
+            acknowledge(
+                cfn_model,
+                "AwsSolutions-SM1",
+                "Network isolation is on: the container has no network at all, so a VPC "
+                "adds nothing; environments that need one set `network` in the config.",
+            )
+        return cfn_model
+
 
 def _production_variant(
     *,
+    variant_name: str,
     model_name: str,
     placement: Placement,
     initial_instance_count: int,
+    weight: float,
     startup_timeout_seconds: int,
     routing: Routing | None,
 ) -> sagemaker.CfnEndpointConfig.ProductionVariantProperty:
@@ -203,10 +258,10 @@ def _production_variant(
     cpu = placement if isinstance(placement, CpuPlacement) else None
     gpu = placement if isinstance(placement, GpuPlacement) else None
     return sagemaker.CfnEndpointConfig.ProductionVariantProperty(
-        variant_name=VARIANT_NAME,
+        variant_name=variant_name,
         model_name=model_name,
         initial_instance_count=initial_instance_count,
-        initial_variant_weight=1.0,
+        initial_variant_weight=weight,
         container_startup_health_check_timeout_in_seconds=startup_timeout_seconds,
         model_data_download_timeout_in_seconds=startup_timeout_seconds,
         instance_type=cpu.instance_type if cpu else None,

@@ -1,5 +1,5 @@
-"""Artifact stack: the environment's key, the model bucket, the deploy-time model build and the
-alarm topic."""
+"""Artifact stack: the environment's key, the model bucket, the deploy-time model build (and
+the candidate's, when the decision endpoint shadows one) and the alarm topic."""
 
 from __future__ import annotations
 
@@ -20,12 +20,16 @@ from cdk_constructs.model_build import (
     GGUF_SHA256,
     SOURCE_PATHS,
     ModelBuild,
+    model_object_key,
 )
 from stacks.config import AlarmNotifications, ModelSource
 
 
 class ArtifactStack(Stack):
     """Holds the only copy of `model.tar.gz`; `model_artifact` is what the endpoints serve.
+    A `candidate` model is built the same way, by a model build of its own (outputs
+    prefixed `Candidate`), into `candidate_artifact`; one that names the same object as
+    `model` is that artifact, built once.
 
     What crosses to other stacks (bucket name/ARN, key ARN) never changes for the life of
     the stack, so CloudFormation exports never block an update; the object key is fixed at
@@ -42,6 +46,7 @@ class ArtifactStack(Stack):
         model: ModelSource,
         notifications: AlarmNotifications,
         removal_policy: RemovalPolicy,
+        candidate: ModelSource | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -54,14 +59,27 @@ class ArtifactStack(Stack):
                 self, "Alarms", key=self.artifacts.key, email=notifications.email
             ).topic
         CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn)
+        self.model_artifact: ModelArtifact = self._build("", model, repo_root, removal_policy)
+        self.candidate_artifact: ModelArtifact | None = None
+        if candidate is not None:
+            self.candidate_artifact = (
+                self.model_artifact
+                if _object_key(candidate) == self.model_artifact.object_key
+                else self._build("Candidate", candidate, repo_root, removal_policy)
+            )
+
+    def _build(
+        self, prefix: str, model: ModelSource, repo_root: Path, removal_policy: RemovalPolicy
+    ) -> ModelArtifact:
+        """`model`'s build into its own object, and its outputs, each id prefixed."""
         # The calibration and chat template files travel in the build's source, so their
         # bytes are in the source hash (the build trigger) and model-build reads them by
         # their repository paths.
         include = (*SOURCE_PATHS, *(file.path for file in model.build_files))
-        self.model_build = ModelBuild(
+        model_build = ModelBuild(
             self,
-            "ModelBuild",
-            source=RepoSource(self, "ModelBuildSource", root=repo_root, include=include),
+            f"{prefix}ModelBuild",
+            source=RepoSource(self, f"{prefix}ModelBuildSource", root=repo_root, include=include),
             model_uri=model.uri,
             model_sha256=model.sha256,
             calibration=model.build_calibration,
@@ -70,19 +88,23 @@ class ArtifactStack(Stack):
             key=self.artifacts.key,
             removal_policy=removal_policy,
         )
-        self.model_artifact: ModelArtifact = self.model_build.artifact
-        build = self.model_build.build
+        build = model_build.build
         CfnOutput(
             self,
-            "ModelS3Uri",
+            f"{prefix}ModelS3Uri",
             value=build.output(ARCHIVE_URI),
             description="model.tar.gz the endpoints serve (written by the model build)",
         )
         CfnOutput(
             self,
-            "ModelSha256",
+            f"{prefix}ModelSha256",
             value=build.output(GGUF_SHA256),
             description="sha256 of the GGUF inside model.tar.gz, as the model build verified it",
         )
-        CfnOutput(self, "ModelArchiveSha256", value=build.output(ARCHIVE_SHA256))
-        CfnOutput(self, "ModelBuildId", value=build.build_id)
+        CfnOutput(self, f"{prefix}ModelArchiveSha256", value=build.output(ARCHIVE_SHA256))
+        CfnOutput(self, f"{prefix}ModelBuildId", value=build.build_id)
+        return model_build.artifact
+
+
+def _object_key(model: ModelSource) -> str:
+    return model_object_key(model.sha256, model.build_calibration, model.build_chat_template)

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 from adapter.calibration import CalibrationMismatchError, check_calibration
 from adapter.kv_memory import KvBudget
+from adapter.likelihood import Listing, Readout
 from adapter.settings import AuditLevel, Settings, SettingsError, load_settings
 from adapter.weight_buffers import WEIGHT_BUFFERS, WeightBuffers
 from cdk_constructs.alarm_topic import require_email
@@ -46,13 +47,19 @@ from cdk_constructs.endpoint_props import (
     TrafficShift,
 )
 from cdk_constructs.model_build import BuildSourceFile, ModelCalibration, ModelChatTemplate
+from cdk_constructs.sagemaker_endpoint import VARIANT_NAME
 from cdk_constructs.validation import (
     PropsError,
     looks_like_placeholder,
     require_digest,
     require_digest_image,
 )
-from model_build.calibration import CalibrationError, load_calibration
+from model_build.calibration import (
+    CalibrationError,
+    Normalization,
+    OptionOrder,
+    load_calibration,
+)
 from model_build.errors import BuildError
 from model_build.manifest import ChatTemplateFileError, calibration_sha256, read_chat_template
 from model_build.sources import SHA256_PATTERN, parse_source
@@ -99,6 +106,10 @@ GPU_STARTUP_TIMEOUT_SECONDS = 900
 # SageMaker CPU families on Intel Xeon 4th generation (Sapphire Rapids) and later, whose CPUs
 # offer AMX: llama.cpp's AMX weight buffers crash there (adapter/weight_buffers.py).
 AMX_INSTANCE_FAMILIES = ("c7i", "m7i", "r7i", "c8i", "m8i", "r8i")
+# The adapter names the variant it serves in every audit record (`variant`), from this
+# variable; the candidate's shadow variant is CANDIDATE_VARIANT, the primary VARIANT_NAME.
+VARIANT_VARIABLE = "SEMIF_VARIANT"
+CANDIDATE_VARIANT = "Candidate"
 
 
 # Memory of SageMaker's general CPU families, per vCPU, and vCPUs by size: what a KV budget
@@ -395,6 +406,55 @@ class AsyncEndpointSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CandidateSettings:
+    """A candidate the decision endpoint runs as a SageMaker shadow variant
+    (CANDIDATE_VARIANT): its own pinned model (`model`, built and resolved like the
+    environment's own: its own model build, object and manifest, calibration and chat
+    template), on `instance_count` instances of `placement` (None: the decision
+    endpoint's), sent a copy of `sampling_percentage` % of the requests. Its answers reach
+    no caller; its audit records (the decision endpoint's `audit` level) and metrics carry
+    its variant name, so a shadow report compares the two sides.
+
+    `option_order`, `readout`, `normalization` and `likelihood_prompt` are the adapter's
+    defaults (`SEMIF_OPTION_ORDER`, `SEMIF_READOUT`, `SEMIF_NORMALIZATION`,
+    `SEMIF_LIKELIHOOD_PROMPT`) where the candidate differs; None keeps the decision
+    endpoint's. `alarms` are its own, which page and never roll anything back.
+    """
+
+    model: ModelSource
+    sampling_percentage: int
+    instance_count: int = 1
+    placement: Placement | None = None
+    option_order: OptionOrder | None = None
+    readout: Readout | None = None
+    normalization: Normalization | None = None
+    likelihood_prompt: Listing | None = None
+    alarms: AlarmThresholds = field(default_factory=AlarmThresholds)
+
+    def __post_init__(self) -> None:
+        name = "decision.candidate"
+        _require(
+            1 <= self.sampling_percentage <= 100,
+            f"{name}.sampling_percentage: {self.sampling_percentage} is outside 1..100 "
+            "(the share of requests SageMaker copies to the candidate)",
+        )
+        _require(
+            self.instance_count >= 1,
+            f"{name}.instance_count: {self.instance_count} must be >= 1",
+        )
+
+    def adapter_environment(self) -> dict[str, str]:
+        """The adapter variables the candidate sets over the decision endpoint's."""
+        values = {
+            "SEMIF_OPTION_ORDER": self.option_order,
+            "SEMIF_READOUT": self.readout,
+            "SEMIF_NORMALIZATION": self.normalization,
+            "SEMIF_LIKELIHOOD_PROMPT": self.likelihood_prompt,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
 class DecisionEndpointSettings:
     """The decision endpoint: our adapter image on a CPU instance or on GPU pools.
 
@@ -434,6 +494,8 @@ class DecisionEndpointSettings:
     # "Audit records"); `full` keeps request text, so the environment must say it may.
     audit: AuditLevel = "none"
     allow_full_audit: bool = False
+    # A shadow variant on the real-time endpoint; None (every shipped environment): none.
+    candidate: CandidateSettings | None = None
 
     def __post_init__(self) -> None:
         _require_fits(self.rollout, self.autoscaling.min_capacity, "decision.rollout")
@@ -467,7 +529,7 @@ class DecisionEndpointSettings:
             settings = load_settings(self.container_environment())
         except SettingsError as error:
             raise ConfigError(f"decision: {error}") from None
-        self._check_kv_memory(settings.kv_memory)
+        self._check_kv_memory(settings.kv_memory, self.placement)
         _require(
             self.request_timeout_seconds <= MAX_REALTIME_REQUEST_SECONDS,
             f"decision.request_timeout_seconds: {self.request_timeout_seconds:g} is above "
@@ -476,6 +538,32 @@ class DecisionEndpointSettings:
         )
         if self.async_endpoint is not None:
             self._check_async(self.async_endpoint)
+        if self.candidate is not None:
+            self._check_candidate(self.candidate)
+
+    def _check_candidate(self, candidate: CandidateSettings) -> None:
+        """A shadow is compared by its audit records, so it needs them; it runs the
+        decision image (one flavor), so its placement is of the same kind; and the
+        blue/green rollout moves it too, so a canary step must fit its instances
+        (conservatively: whether SageMaker sizes the canary per variant is unverified)."""
+        _require(
+            self.audit != "none",
+            "decision.audit: 'none' with decision.candidate set; a shadow test compares the "
+            "two variants' audit records, so give 'digest' or 'full'",
+        )
+        placement = self.candidate_placement
+        _require(
+            type(placement) is type(self.placement),
+            f"decision.candidate.placement: a {type(placement).__name__} beside the decision "
+            f"endpoint's {type(self.placement).__name__}; the candidate runs the same "
+            "image, built for one of them",
+        )
+        _require_fits(self.rollout, candidate.instance_count, "decision.candidate.instance_count")
+        try:
+            settings = load_settings(self.candidate_container_environment())
+        except SettingsError as error:
+            raise ConfigError(f"decision.candidate: {error}") from None
+        self._check_kv_memory(settings.kv_memory, placement)
 
     def _check_async(self, settings: AsyncEndpointSettings) -> None:
         """The asynchronous container's deadline covers the queue wait, like the real-time
@@ -495,7 +583,7 @@ class DecisionEndpointSettings:
         except SettingsError as error:
             raise ConfigError(f"decision.async_endpoint: {error}") from None
 
-    def _check_kv_memory(self, budget: KvBudget) -> None:
+    def _check_kv_memory(self, budget: KvBudget, placement: Placement) -> None:
         """A budget must leave the instance room for the weights and the OS: at most
         KV_MEMORY_SHARE of it. `auto` sizes itself to the container at start; bytes are
         checked against a CPU instance's memory, and refused where it is not known here."""
@@ -508,9 +596,7 @@ class DecisionEndpointSettings:
             )
         if budget.amount is None:
             return
-        instance = (
-            self.placement.instance_type if isinstance(self.placement, CpuPlacement) else None
-        )
+        instance = placement.instance_type if isinstance(placement, CpuPlacement) else None
         memory = instance_memory_bytes(instance) if instance else None
         _require(
             memory is not None,
@@ -525,8 +611,10 @@ class DecisionEndpointSettings:
         )
 
     def container_environment(self) -> dict[str, str]:
-        """The adapter's `SEMIF_*` variables (the image itself sets `LLAMA_CPP_LIB_PATH`)."""
+        """The adapter's `SEMIF_*` variables (the image itself sets `LLAMA_CPP_LIB_PATH`),
+        the variant among them: every endpoint of this image serves VARIANT_NAME."""
         environment = {
+            VARIANT_VARIABLE: VARIANT_NAME,
             "SEMIF_N_GPU_LAYERS": str(self.gpu_layers),
             "SEMIF_MAX_TOKENS": str(self.max_tokens),
             "SEMIF_MAX_QUEUE": str(self.max_queue),
@@ -544,6 +632,30 @@ class DecisionEndpointSettings:
         if self.allow_full_audit:
             environment["SEMIF_AUDIT_ALLOW_FULL"] = "true"
         return environment
+
+    def candidate_container_environment(self) -> dict[str, str]:
+        """The candidate's variables: the decision endpoint's, with its own variant name
+        and the adapter defaults it changes (the same audit level, so both sides record)."""
+        if self.candidate is None:
+            raise ConfigError("decision.candidate: not set")
+        return {
+            **self.container_environment(),
+            **self.candidate.adapter_environment(),
+            VARIANT_VARIABLE: CANDIDATE_VARIANT,
+        }
+
+    @property
+    def candidate_placement(self) -> Placement:
+        """Where the candidate runs: its own placement, else the decision endpoint's."""
+        if self.candidate is None or self.candidate.placement is None:
+            return self.placement
+        return self.candidate.placement
+
+    @property
+    def candidate_latency_alarm_seconds(self) -> float:
+        """The candidate's latency alarm: half the request deadline at the 90th
+        percentile, where one request in ten is at risk of being cut off."""
+        return self.request_timeout_seconds / 2
 
     def async_container_environment(self) -> dict[str, str]:
         """The asynchronous endpoint's variables: the real-time ones, with the deadline and

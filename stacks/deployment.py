@@ -51,6 +51,7 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
     """
     env = cdk.Environment(account=config.account, region=config.region)
     removal = RemovalPolicy.RETAIN if config.retain_data else RemovalPolicy.DESTROY
+    candidate = config.decision.candidate if config.deploys(EndpointKind.DECISION) else None
     artifact = ArtifactStack(
         scope,
         stack_name(config, "artifact"),
@@ -60,6 +61,7 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
         model=config.model,
         notifications=config.notifications,
         removal_policy=removal,
+        candidate=None if candidate is None else candidate.model,
     )
     model = artifact.model_artifact  # what both endpoint stacks serve
     decision_flavor = None
@@ -97,6 +99,7 @@ def add_environment(scope: Construct, config: EnvironmentConfig, repo_root: Path
             settings=config.decision,
             image_build=images.image_build,
             model=model,
+            candidate_model=artifact.candidate_artifact,
             network=config.network,
             alarm_topic=artifact.alarm_topic,
         )

@@ -7,7 +7,8 @@ blue/green with automatic rollback on failures and model regressions (never on l
 latency), and end every deploy that changes them with one real invocation
 (`EndpointCheck`). The decision stack also serves offline batches: transform jobs on its
 model (`batch/` in the artifact bucket) and, where the environment asks, an asynchronous
-endpoint that scales to zero (`async/`).
+endpoint that scales to zero (`async/`); and, where it names one, a candidate as the
+real-time endpoint's shadow variant.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ from cdk_constructs.endpoint_operations import (
     EndpointAlarms,
     EndpointAutoscaling,
 )
-from cdk_constructs.endpoint_props import AsyncInference, NetworkSettings
+from cdk_constructs.endpoint_props import (
+    AsyncInference,
+    GpuPlacement,
+    NetworkSettings,
+    ShadowVariant,
+)
 from cdk_constructs.image_build import (
     IMAGE_DIGEST_VARIABLE,
     IMAGE_URI_VARIABLE,
@@ -45,7 +51,13 @@ from cdk_constructs.image_build import (
 )
 from cdk_constructs.model_artifact import ModelArtifact
 from cdk_constructs.sagemaker_endpoint import SageMakerEndpoint
-from stacks.config import ALL_AT_ONCE, DecisionEndpointSettings, StandardEndpointSettings
+from cdk_constructs.validation import require
+from stacks.config import (
+    ALL_AT_ONCE,
+    CANDIDATE_VARIANT,
+    DecisionEndpointSettings,
+    StandardEndpointSettings,
+)
 
 # Where offline requests and answers live in the artifact bucket, beside the models: the
 # decision model's role may read and write exactly these prefixes.
@@ -64,7 +76,12 @@ class DecisionEndpointStack(Stack):
 
     The rollback alarms are the 5XX rate (per pool type with GPU pools) and the PromQL
     `ScoringSpeed` and `LetterMass`: failures and model regressions. Load (429s) and
-    latency page no one and roll nothing back; the dashboard shows them."""
+    latency page no one and roll nothing back; the dashboard shows them.
+
+    `settings.candidate` (served from `candidate_model`) becomes the endpoint's shadow
+    variant, with alarms of its own on its variant's metrics (`CandidateAlarms`: 5XX rate,
+    latency, instance health) that page and are never rollback alarms: a failing
+    candidate must not roll back the decision endpoint."""
 
     def __init__(
         self,
@@ -77,9 +94,14 @@ class DecisionEndpointStack(Stack):
         model: ModelArtifact,
         network: NetworkSettings | None,
         alarm_topic: sns.ITopic,
+        candidate_model: ModelArtifact | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
+        require(
+            (settings.candidate is None) == (candidate_model is None),
+            f"{endpoint_name}: decision.candidate and its built model go together",
+        )
         self.image = DeployTimeBuild(
             self,
             "ImageBuild",
@@ -108,6 +130,9 @@ class DecisionEndpointStack(Stack):
             repository_name=image_build.repository.repository_name,
             digest=self.image.output(IMAGE_DIGEST_VARIABLE),
         )
+        shadow, candidate_alarms = self._candidate(
+            endpoint_name, settings, candidate_model, alarm_topic
+        )
         self.endpoint = SageMakerEndpoint(
             self,
             "Decision",
@@ -124,6 +149,7 @@ class DecisionEndpointStack(Stack):
             log_key=model.key,
             observability=settings.metrics,
             routing=settings.routing,
+            shadow=shadow,
         )
         EndpointAutoscaling(
             self,
@@ -150,7 +176,7 @@ class DecisionEndpointStack(Stack):
             self,
             "Dashboard",
             endpoint_name=endpoint_name,
-            alarms=[*alarms.alarms, *signals.alarms, *async_alarms],
+            alarms=[*alarms.alarms, *signals.alarms, *candidate_alarms, *async_alarms],
             queries=decision_queries(endpoint_name),
         )
         self.check = EndpointCheck(
@@ -164,6 +190,39 @@ class DecisionEndpointStack(Stack):
         # The build's own IMAGE_URI: the same image, without an output of an import.
         _outputs(self, "Decision", self.endpoint, self.check, self.image.output(IMAGE_URI_VARIABLE))
         self._batch_outputs(model)
+
+    def _candidate(
+        self,
+        endpoint_name: str,
+        settings: DecisionEndpointSettings,
+        model: ModelArtifact | None,
+        alarm_topic: sns.ITopic,
+    ) -> tuple[ShadowVariant | None, list[cloudwatch.Alarm]]:
+        """The candidate's shadow variant and its own alarms (none without a candidate)."""
+        candidate = settings.candidate
+        if candidate is None or model is None:
+            return None, []
+        placement = settings.candidate_placement
+        alarms = EndpointAlarms(
+            self,
+            "CandidateAlarms",
+            endpoint_name=endpoint_name,
+            thresholds=candidate.alarms,
+            topic=alarm_topic,
+            gpu=settings.uses_gpu,
+            instance_types=placement.instance_pools if isinstance(placement, GpuPlacement) else (),
+            variant_name=CANDIDATE_VARIANT,
+            max_latency_seconds=settings.candidate_latency_alarm_seconds,
+        )
+        shadow = ShadowVariant(
+            variant_name=CANDIDATE_VARIANT,
+            model=model,
+            environment=settings.candidate_container_environment(),
+            placement=placement,
+            instance_count=candidate.instance_count,
+            sampling_percentage=candidate.sampling_percentage,
+        )
+        return shadow, alarms.alarms
 
     def _batch_outputs(self, model: ModelArtifact) -> None:
         """What `semif batch submit` needs: the model a transform job runs (the current

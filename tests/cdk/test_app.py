@@ -11,11 +11,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aws_cdk.assertions import Match
 
 from stacks.environments import ENVIRONMENTS
+from tests.cdk.candidates import CPU_ENV, GPU_ENV
 from tests.support.templates import (
     ALL_STACKS,
     REPO,
@@ -90,18 +92,36 @@ def test_cdk_nag_has_no_findings(synth: Synth, stack: str) -> None:
     assert synth.violations.get(stack, []) == []
 
 
-@pytest.mark.slow  # ~11 s: cfn-lint over all eleven templates
-def test_cfn_lint_passes_on_every_template(synth: Synth) -> None:
+def _lint_problems(name: str, template: str, region: str) -> list[str]:
+    """cfn-lint's errors and warnings, as its CLI reports by default, less the allowed."""
     from cfnlint.api import lint
 
+    return [
+        f"{name}: {match.rule.id} {match.message}"
+        for match in lint(template, regions=[region])
+        if match.rule.id[0] in "EW" and not _allowed(match.rule.id, list(match.path))
+    ]
+
+
+@pytest.mark.slow  # ~11 s: cfn-lint over all eleven templates
+def test_cfn_lint_passes_on_every_template(synth: Synth) -> None:
     problems = []
     for name in synth.templates:
         region = ENVIRONMENTS[name.split("-")[1]].region
         path = synth.outdir / f"{name}.template.json"
-        for match in lint(path.read_text(), regions=[region]):
-            # Errors and warnings, as the cfn-lint CLI reports by default.
-            if match.rule.id[0] in "EW" and not _allowed(match.rule.id, list(match.path)):
-                problems.append(f"{name}: {match.rule.id} {match.message}")
+        problems += _lint_problems(name, path.read_text(), region)
+    assert problems == []
+
+
+@pytest.mark.slow  # a few seconds: the stacks a candidate changes
+def test_cfn_lint_passes_with_a_candidate(candidate_templates: dict[str, Any]) -> None:
+    """The artifact and decision stacks of the environments with a candidate (the shadow
+    variant, its model build and alarms)."""
+    problems = []
+    for config in (CPU_ENV, GPU_ENV):
+        for unit in ("artifact", "decision"):
+            name = f"semif-{config.name}-{unit}"
+            problems += _lint_problems(name, json.dumps(candidate_templates[name]), config.region)
     assert problems == []
 
 

@@ -226,6 +226,7 @@ def test_decision_batching_settings_become_the_adapter_variables() -> None:
         max_request_tokens=4096,
     )
     assert settings.container_environment() == {
+        "SEMIF_VARIANT": "AllTraffic",
         "SEMIF_N_GPU_LAYERS": "-1",
         "SEMIF_MAX_TOKENS": "4096",
         "SEMIF_MAX_QUEUE": "64",

@@ -130,6 +130,7 @@ def test_decision_environment_variables(synth: Synth) -> None:
                 {
                     "Environment": Match.exact(
                         {
+                            "SEMIF_VARIANT": "AllTraffic",
                             "SEMIF_MAX_TOKENS": str(config.max_tokens),
                             "SEMIF_MAX_QUEUE": str(config.max_queue),
                             "SEMIF_QUEUE_TIMEOUT_S": str(config.queue_timeout_seconds),

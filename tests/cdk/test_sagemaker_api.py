@@ -132,14 +132,36 @@ def _calls(template: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]
 STACKS = [name for name in ALL_STACKS if name.endswith(("-decision", "-standard"))]
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_sagemaker_resources_match_the_sagemaker_api(synth: Synth, stack: str) -> None:
-    problems = [
+def _problems(template: dict[str, Any]) -> list[str]:
+    return [
         f"{name} ({shape}): {problem}"
-        for name, shape, request in _calls(synth.templates[stack])
+        for name, shape, request in _calls(template)
         for problem in check(request, shape, shape.removesuffix("Input"))
     ]
-    assert problems == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_sagemaker_resources_match_the_sagemaker_api(synth: Synth, stack: str) -> None:
+    assert _problems(synth.templates[stack]) == []
+
+
+@pytest.mark.parametrize("stack", ["semif-shadow-decision", "semif-shadow-gpu-decision"])
+def test_shadow_variants_match_the_sagemaker_api(
+    candidate_templates: dict[str, Any], stack: str
+) -> None:
+    """A decision endpoint with a candidate (tests/cdk/candidates.py): its shadow variant is
+    a ProductionVariant like the primary, and with shadows CreateEndpointConfig takes
+    exactly one production and one shadow variant (the member's documentation)."""
+    template = candidate_templates[stack]
+    assert _problems(template) == []
+    shadowed = [
+        request
+        for _, shape, request in _calls(template)
+        if shape == "CreateEndpointConfigInput" and "ShadowProductionVariants" in request
+    ]
+    assert [
+        (len(r["ProductionVariants"]), len(r["ShadowProductionVariants"])) for r in shadowed
+    ] == [(1, 1)]
 
 
 def test_the_checker_catches_what_the_api_rejects() -> None:
