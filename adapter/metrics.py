@@ -13,7 +13,10 @@ Conventions: names carry their unit (`_seconds`, `_tokens`), counters end in `_t
 exposition, and every label has a small fixed set of values (an API name, a status code, a
 429 or 503 cause, a question kind, an option-order mode): never a request id, a state or an
 option id. The registry is the app's own, not the process-global default, so two apps in one
-process (the tests) never share counts.
+process (the tests) never share counts. Every series is exposed with the label `variant`
+(SEMIF_VARIANT, the SageMaker variant serving) where one is set: a shadow candidate's
+instances publish under the same endpoint name, and the primary's alarms must not read them
+(cdk_constructs.endpoint_operations.endpoint_selector).
 
 Threads: the counters are thread-safe (prometheus_client locks each); they are written on the
 event loop (a call's outcome), on request threads (a question's readout) and on the worker
@@ -23,7 +26,7 @@ gauges read the queue's length and the in-flight count, both plain integers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -34,6 +37,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 # The APIs a call can be (label `api`; "lines": a JSON Lines body, adapter.lines); "unknown"
 # when it failed before its body named one.
@@ -43,11 +47,30 @@ COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MASS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 
 
+class _Labelled:
+    """A registry's series, each with one more label (a collector for the exposition)."""
+
+    def __init__(self, inner: CollectorRegistry, name: str, value: str) -> None:
+        self._inner, self._name, self._value = inner, name, value
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._inner.collect():
+            family.samples = [
+                sample._replace(labels={**sample.labels, self._name: self._value})
+                for sample in family.samples
+            ]
+            yield family
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing to check for clashes: the inner registry already did
+
+
 class Metrics:
     """The adapter's metrics and the one place each is recorded from."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._exposed = self.registry  # label_variant
         registry = self.registry
         self.requests = Counter(
             "semif_requests",
@@ -198,6 +221,13 @@ class Metrics:
         self.questions.labels(kind, option_order).inc()
         self.allowed_token_mass.labels(kind).observe(allowed_token_mass)
 
+    def label_variant(self, variant: str | None) -> None:
+        """Expose every series with `variant="<variant>"` (None: as recorded)."""
+        self._exposed = self.registry
+        if variant is not None:
+            self._exposed = CollectorRegistry(auto_describe=False)
+            self._exposed.register(_Labelled(self.registry, "variant", variant))
+
     def exposition(self) -> tuple[bytes, str]:
         """The metrics in Prometheus' text format, and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(self._exposed), CONTENT_TYPE_LATEST

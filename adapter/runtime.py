@@ -195,6 +195,7 @@ class Runtime:
     audit: AuditLog = field(init=False)  # a record per decision answered (SEMIF_AUDIT)
 
     def __post_init__(self) -> None:
+        self.metrics.label_variant(self.settings.variant)
         self.metrics.watch(
             queue_depth=lambda: 0 if self.service is None else self.service.queue_depth,
             in_flight=lambda: self.in_flight,

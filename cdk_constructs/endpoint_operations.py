@@ -464,10 +464,18 @@ SIGNAL_WINDOW = "10m"
 PROMQL_RECOVERY = Duration.minutes(5)
 
 
+# The primary variant's series only: the adapter labels each series with the variant serving
+# (SEMIF_VARIANT), and a shadow candidate's instances publish under the same endpoint name,
+# so without this a slow candidate could fire the primary's rollback alarms. A series
+# without the label (the llama.cpp DLC's, an image from before the label) is the primary's.
+PRIMARY_SERIES = f'variant=~"{VARIANT_NAME}|"'
+
+
 def endpoint_selector(endpoint_name: str, *matchers: str) -> str:
-    """The PromQL label selector of one endpoint's series, narrowed by `matchers`
+    """The PromQL label selector of one endpoint's primary series, narrowed by `matchers`
     (`'source="reused"'`)."""
-    return "{" + ",".join((f'"{ENDPOINT_LABEL}"="{endpoint_name}"', *matchers)) + "}"
+    selected = (f'"{ENDPOINT_LABEL}"="{endpoint_name}"', PRIMARY_SERIES, *matchers)
+    return "{" + ",".join(selected) + "}"
 
 
 def signal_rate(endpoint_name: str, metric: str, *matchers: str, per_instance: bool = False) -> str:

@@ -181,3 +181,15 @@ def test_outside_sagemaker_the_key_guards_it_inside_it_is_open(
         keyed = served.get("/metrics", headers={"authorization": "Bearer " + "k" * 32})
     assert anonymous.status_code == (200 if in_sagemaker else 401)
     assert keyed.status_code == 200
+
+
+def test_a_variant_labels_every_series(tiny_model_dir: Path) -> None:
+    """With SEMIF_VARIANT set every series carries it, so the primary's alarms can leave a
+    shadow candidate's instances out; without it the series are as recorded."""
+    settings = Settings(model_dir=tiny_model_dir, max_tokens=1024, threads=2, variant="Candidate")
+    with serving(settings) as served:
+        answered = served.post("/invocations", json={"decision": decision()}, headers=HEADERS)
+        assert answered.status_code == 200
+        found = samples(served)
+    assert {sample.labels.get("variant") for sample in found} == {"Candidate"}
+    assert value(found, "semif_requests_total", api="decision", status="200", variant="Candidate")

@@ -229,6 +229,16 @@ def test_the_candidate_has_its_own_alarms_and_never_rolls_back_the_primary(
         for _, props in resources(raw, "AWS::ApplicationAutoScaling::ScalableTarget")
     ]
     assert all(str(target).endswith("/variant/AllTraffic") for target in targets), targets
+    # The container-metric (PromQL) alarms read the primary's series only: every metric they
+    # select leaves the candidate's instances out (their series carry variant="Candidate").
+    queries = [
+        alarm["Properties"]["EvaluationCriteria"]["PromQLCriteria"]["Query"]
+        for _, alarm in resources(raw, "AWS::CloudWatch::Alarm")
+        if "EvaluationCriteria" in alarm["Properties"]
+    ]
+    assert queries
+    for query in queries:
+        assert query.count('variant=~"AllTraffic|"') == query.count("semif_"), query
 
 
 def test_a_shipped_environment_shadows_nothing() -> None:

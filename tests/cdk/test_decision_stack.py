@@ -411,8 +411,10 @@ def test_decision_signal_alarms_read_the_containers_metrics(synth: Synth, env: s
     name = endpoint_name(ENVIRONMENTS[env], EndpointKind.DECISION)
     thresholds = ENVIRONMENTS[env].decision.signal_alarms
     raw = synth.raw(env, "decision")
-    where = f'{{"aws.sagemaker.endpoint.name"="{name}"}}'
-    evaluated = f'{{"aws.sagemaker.endpoint.name"="{name}",source="evaluated"}}'
+    where = f'{{"aws.sagemaker.endpoint.name"="{name}",variant=~"AllTraffic|"}}'
+    evaluated = (
+        f'{{"aws.sagemaker.endpoint.name"="{name}",variant=~"AllTraffic|",source="evaluated"}}'
+    )
     expected = {
         unavailable_query(name, thresholds.max_unavailable_percent): (
             f"sum (rate(semif_unavailable_total{where}[10m])) / "

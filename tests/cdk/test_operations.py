@@ -93,8 +93,10 @@ def _five_xx(endpoint_name: str, instance_type: str | None = None) -> str:
 
 def _speed(name: str, limit_s: str) -> str:
     """The ScoringSpeed query, spelled out: seconds per decoded row, per instance."""
-    where = f'{{"aws.sagemaker.endpoint.name"="{name}"}}'
-    evaluated = f'{{"aws.sagemaker.endpoint.name"="{name}",source="evaluated"}}'
+    where = f'{{"aws.sagemaker.endpoint.name"="{name}",variant=~"AllTraffic|"}}'
+    evaluated = (
+        f'{{"aws.sagemaker.endpoint.name"="{name}",variant=~"AllTraffic|",source="evaluated"}}'
+    )
     return (
         f'sum by ("@resource.host.id") (rate(semif_pass_duration_seconds_sum{where}[10m])) / '
         f'sum by ("@resource.host.id") (rate(semif_prompt_tokens_total{evaluated}[10m]))'
@@ -104,7 +106,7 @@ def _speed(name: str, limit_s: str) -> str:
 
 def _mass(name: str) -> str:
     """The LetterMass query, spelled out: the median letter mass, per instance."""
-    where = f'{{"aws.sagemaker.endpoint.name"="{name}"}}'
+    where = f'{{"aws.sagemaker.endpoint.name"="{name}",variant=~"AllTraffic|"}}'
     return (
         'histogram_quantile(0.5, sum by (le, "@resource.host.id") '
         f"(rate(semif_allowed_token_mass_bucket{where}[10m]))) < 0.5"
