@@ -9,9 +9,9 @@ decided and (at `full`) the calibration set a team builds from its own traffic.
   body gave one (the join key for labels that arrive later and for a shadow's records),
   the serving variant (`variant`: SEMIF_VARIANT, the SageMaker production or shadow
   variant's name, so one log group's records split into the two sides of a shadow test),
-  sha256 of its state, question
-  and options and of the exact prompt, the model (GGUF file and sha256, the manifest's
-  calibration), prompt version, readout, option order, the calibration applied, the options'
+  sha256 of its state, question and options and of the exact prompt, the model (GGUF file
+  and sha256, the manifest's calibration, the ggml backends, the chat template's identity),
+  prompt version, readout, option order, the calibration applied, the options'
   probabilities, the prediction set, abstention and its reason, and the request's latency
   and tokens;
 - `full`: the digest plus the state, question and options as sent, refused at start unless
@@ -92,6 +92,8 @@ def decision_record(
             "file": model.get("file"),
             "sha256": model.get("sha256"),
             "calibration": model.get("calibration"),
+            "backends": model.get("backends"),
+            "chat_template": model.get("chat_template"),
         },
         **{key: result[key] for key in _RESULT_FIELDS if key in result},
         "option_ids": list(result["option_ids"]),

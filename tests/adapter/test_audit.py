@@ -57,7 +57,13 @@ def test_a_digest_says_what_was_decided_and_never_the_request_text() -> None:
         assert secret not in text
     assert (record["request_id"], record["decision_id"]) == ("r1", "route")  # the join key
     assert record["probabilities"] == [0.7, 0.3]
-    assert record["model"] == {"file": "m.gguf", "sha256": "cd" * 32, "calibration": None}
+    assert record["model"] == {
+        "file": "m.gguf",
+        "sha256": "cd" * 32,
+        "calibration": None,
+        "backends": ["CPU"],
+        "chat_template": None,
+    }
     assert len(record["state_sha256"]) == len(record["options_sha256"]) == 64
     assert record["timing"]["evaluated_tokens"] == 90
     assert "omitted" not in record
