@@ -1,17 +1,19 @@
-"""OpenAI chat completions (non-streaming) from the decision endpoint's own model.
+"""OpenAI chat completions from the decision endpoint's own model, whole or streamed.
 
 One endpoint can then serve both paths: decisions and text generation. This module parses
 the request and shapes the answer; the service renders the messages with the model's chat
 template and generates (greedy at temperature 0, else top-p then temperature), stopping at
 the model's end-of-generation token, a stop string, or `max_tokens`, which may not exceed
-SEMIF_MAX_CHAT_TOKENS. Every validation failure is a 400 naming the field.
+SEMIF_MAX_CHAT_TOKENS. Every validation failure is a 400 naming the field. With `"stream":
+true` the answer is OpenAI's `chat.completion.chunk` events (`Chunks`), whose contents
+joined are the whole answer's content, bit for bit (adapter.streaming, adapter.handlers).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapter import fields
@@ -35,8 +37,10 @@ _FIELDS = (
     "seed",
     "stop",
     "stream",
+    "stream_options",
     "n",
 )
+_STREAM_OPTIONS = ("include_usage",)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class ChatRequest:
     max_tokens: int
     sampling: Sampling
     stop: tuple[str, ...]
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
 
 
 def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -116,8 +122,9 @@ def parse_chat_request(body: Mapping[str, Any], max_chat_tokens: int) -> ChatReq
             raise RequestError(
                 member_path("", key), f"unsupported field; supported: {', '.join(_FIELDS)}"
             )
-    if body.get("stream", False) is not False:
-        raise RequestError("stream", "streaming is not supported; omit it or send false")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("stream", "must be true or false")
     n = body.get("n", 1)
     if type(n) is not int or n != 1:  # not True, not 1.0
         raise RequestError("n", "only one choice (n=1, an integer) is supported")
@@ -135,7 +142,30 @@ def parse_chat_request(body: Mapping[str, Any], max_chat_tokens: int) -> ChatReq
             seed=seed,
         ),
         stop=_stop(body.get("stop", [])),
+        stream=stream,
+        include_usage=_include_usage(body, stream),
     )
+
+
+def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
+    """`stream_options` (OpenAI's): only with `"stream": true`, only `include_usage`."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise RequestError("stream_options", 'is only allowed with "stream": true')
+    if not isinstance(options, dict):
+        raise RequestError("stream_options", "must be an object")
+    for key in options:
+        if key not in _STREAM_OPTIONS:
+            raise RequestError(
+                member_path("stream_options", key),
+                f"unsupported field; supported: {', '.join(_STREAM_OPTIONS)}",
+            )
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise RequestError("stream_options.include_usage", "must be true or false")
+    return include
 
 
 def completion(generation: Generation, model: str, completion_id: str) -> dict[str, Any]:
@@ -153,9 +183,54 @@ def completion(generation: Generation, model: str, completion_id: str) -> dict[s
                 "logprobs": None,
             }
         ],
-        "usage": {
-            "prompt_tokens": generation.prompt_tokens,
-            "completion_tokens": generation.completion_tokens,
-            "total_tokens": generation.prompt_tokens + generation.completion_tokens,
-        },
+        "usage": _usage(generation),
     }
+
+
+def _usage(generation: Generation) -> dict[str, int]:
+    return {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+    }
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """The `chat.completion.chunk` objects of one streamed completion, as OpenAI sends
+    them: the role first, then each piece of content, then the finish reason, and with
+    `include_usage` a last chunk with no choices and the usage (every other chunk then
+    carries `"usage": null`). One id and one `created` time for all of them."""
+
+    completion_id: str
+    model: str
+    include_usage: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def role(self) -> dict[str, Any]:
+        return self._choice({"role": "assistant", "content": ""}, None)
+
+    def content(self, text: str) -> dict[str, Any]:
+        return self._choice({"content": text}, None)
+
+    def finish(self, generation: Generation) -> dict[str, Any]:
+        return self._choice({}, generation.finish_reason)
+
+    def usage(self, generation: Generation) -> dict[str, Any]:
+        return {**self._chunk([]), "usage": _usage(generation)}
+
+    def _choice(self, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        chunk = self._chunk([choice])
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }

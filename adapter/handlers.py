@@ -2,12 +2,14 @@
 
 Validation comes before admission, so an invalid request never holds capacity; the model
 work runs in a worker thread so the event loop stays free for /ping and for turning excess
-requests away. Each returns the response body and the fields its log line adds.
+requests away. Each returns the response body (a streamed chat: its events,
+adapter.streaming) and the fields its log line adds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio.to_thread
@@ -18,6 +20,8 @@ from adapter.cancel import Cancellation
 from adapter.errors import RequestError
 from adapter.runtime import Runtime
 from adapter.schema import DecisionRequest, parse_decision_body
+from adapter.service import DecisionService, Generation
+from adapter.streaming import Feed, Streamed, event
 
 Result = tuple[dict[str, Any], dict[str, Any]]
 # (runtime, body, request id, the request's cancellation, the retry token it brought) ->
@@ -124,35 +128,104 @@ async def answer_systemone_parsed(
 
 async def complete_chat(
     runtime: Runtime, body: Any, request_id: str, cancel: Cancellation, retry_token: str | None
-) -> Result:
-    """Chat completion by the loaded model, under the same admission control. Chat holds
-    no place in the retry line (a generation is refused only by a full queue): a token it
-    brings is ignored."""
+) -> tuple[dict[str, Any] | Streamed, dict[str, Any]]:
+    """Chat completion by the loaded model, under the same admission control, whole or
+    streamed (`"stream": true`). Chat holds no place in the retry line (a generation is
+    refused only by a full queue): a token it brings is ignored."""
     del retry_token
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
     settings = runtime.settings
     # load_settings keeps the chat limit within SEMIF_MAX_TOKENS; Settings built directly may not.
     request = chat.parse_chat_request(body, min(settings.max_chat_tokens, settings.max_tokens))
+    if request.stream:
+        return await _stream_chat(runtime, request, request_id, cancel)
     async with runtime.admit() as service:
         generation = await anyio.to_thread.run_sync(
-            lambda: service.generate(
-                request.messages,
-                max_new_tokens=request.max_tokens,
-                sampling=request.sampling,
-                stop=request.stop,
-                cancel=cancel,
-            )
+            lambda: _generate(service, request, cancel, None)
         )
     response = chat.completion(generation, service.model_id, f"chatcmpl-{request_id}")
-    log = {
+    return response, _chat_log(generation)
+
+
+def _generate(
+    service: DecisionService,
+    request: chat.ChatRequest,
+    cancel: Cancellation,
+    on_text: Callable[[str], None] | None,
+) -> Generation:
+    """The request's generation (on a request thread); `on_text` hears a streamed one."""
+    return service.generate(
+        request.messages,
+        max_new_tokens=request.max_tokens,
+        sampling=request.sampling,
+        stop=request.stop,
+        cancel=cancel,
+        on_text=on_text,
+    )
+
+
+def _chat_log(generation: Generation) -> dict[str, Any]:
+    """What a chat's log line adds (and the chat token metrics count)."""
+    return {
         "mode": "chat",
         "input_tokens": generation.prompt_tokens,
         "reused_tokens": generation.reused_tokens,
         "output_tokens": generation.completion_tokens,
         "finish_reason": generation.finish_reason,
     }
-    return response, log
+
+
+async def _stream_chat(
+    runtime: Runtime, request: chat.ChatRequest, request_id: str, cancel: Cancellation
+) -> tuple[Streamed, dict[str, Any]]:
+    """A streamed chat: the generation runs as a whole one does, its text handed over a
+    step at a time (adapter.streaming's `Feed`). The answer begins once the first step has
+    run, so what fails before (a full queue, the deadline while queued, a prompt too long
+    for a stream, shutdown) is the usual JSON error; the admission is held until the
+    stream ends, as a whole answer holds it until it is written."""
+    admitted = AsyncExitStack()
+    service = await admitted.enter_async_context(runtime.admit())
+    feed = Feed(lambda put: _generate(service, request, cancel, put), cancel)
+    try:
+        first = await feed.next()
+    except BaseException:
+        await feed.settle()
+        await admitted.aclose()
+        raise
+    chunks = chat.Chunks(f"chatcmpl-{request_id}", service.model_id, request.include_usage)
+    log: dict[str, Any] = {"mode": "chat"}
+    return Streamed(_chat_events(feed, first, chunks, admitted, log), log), {}
+
+
+async def _chat_events(
+    feed: Feed[Generation],
+    first: str | None,
+    chunks: chat.Chunks,
+    admitted: AsyncExitStack,
+    log: dict[str, Any],
+) -> AsyncGenerator[bytes, None]:
+    """The chunks of a streamed chat: the role, each non-empty piece of text (a step that
+    only held bytes back adds none), the finish reason, the usage when asked. A failure
+    after the first byte is raised from `feed.next` (adapter.http ends the stream with it);
+    a client that leaves closes this generator, which cancels the generation and waits for
+    the scheduler to drop it before the admission is given back. `log` gets the
+    generation's numbers once it has ended (the call's log line and chat token metrics)."""
+    try:
+        yield event(chunks.role())
+        piece = first
+        while piece is not None:
+            if piece:
+                yield event(chunks.content(piece))
+            piece = await feed.next()
+        generation = feed.result()
+        log.update(_chat_log(generation))
+        yield event(chunks.finish(generation))
+        if chunks.include_usage:
+            yield event(chunks.usage(generation))
+    finally:
+        await feed.settle()
+        await admitted.aclose()
 
 
 BY_API: dict[Api, Handler] = {

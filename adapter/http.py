@@ -21,7 +21,8 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -41,14 +42,16 @@ from adapter.errors import (
 )
 from adapter.fields import member_path
 from adapter.metrics import Metrics
+from adapter.streaming import DONE, EventStream, Streamed, error_event
 
 LOG = logging.getLogger("adapter.requests")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_JSON_DEPTH = 64  # far beyond any valid body; keeps every later walk shallow
 # An API call: (body, request id, the request's cancellation, the retry token it brought)
-# -> (response body, extra log fields).
+# -> (response body, or the events of a streamed answer; extra log fields).
 Call = Callable[
-    [Any, str, Cancellation, str | None], Awaitable[tuple[dict[str, Any], dict[str, Any]]]
+    [Any, str, Cancellation, str | None],
+    Awaitable[tuple[dict[str, Any] | Streamed, dict[str, Any]]],
 ]
 # A 429's retry_token comes back in the header SageMaker forwards InvokeEndpoint's
 # CustomAttributes as (the only request header a caller controls through SageMaker), as
@@ -261,7 +264,9 @@ async def answer(
 ) -> Response:
     """Run one API call (`call(body)` picks it from the parsed body, and names its API):
     check the key when one is given, read the body, map every error to its JSON answer, and
-    log the call once and count it in `metrics` from the same fields."""
+    log the call once and count it in `metrics` from the same fields. A call answered as a
+    stream (`Streamed`) is logged when the stream ends, and its client is watched until
+    then."""
     request_id = request_id_of(request)
     started = time.perf_counter()
     log: dict[str, Any] = {"request_id": request_id, "path": request.url.path}
@@ -269,6 +274,15 @@ async def answer(
     cancel = Cancellation()
     api = "unknown"  # until the body names one
     watcher: asyncio.Task[None] | None = None
+
+    def finish(status: int) -> None:
+        if cancel.reason == "client_gone":
+            # It left before the answer was ready (the watcher stops once the call returns):
+            # whatever was computed goes to nobody, which is a 499 however the work ended.
+            log["client_gone"] = True
+            status = ClientDisconnectedError.status
+        finish_call(log, api, status, started, metrics)
+
     try:
         authenticate(request, api_key)
         retry_token = retry_token_of(request)
@@ -278,12 +292,13 @@ async def answer(
         log["api"] = api
         payload, details = await run(body, request_id, cancel, retry_token)
         log.update(details)
+        if isinstance(payload, Streamed):
+            stream = EventStream(_events(payload, log, request_id, watcher, finish), headers)
+            watcher = None  # watched until the stream ends
+            return stream
         response = json_response(200, payload, **headers)
     except ApiError as error:
-        error.extra["request_id"] = request_id
-        if isinstance(error, RetryLaterError) and error.cause is not None:
-            log[error.log_field] = error.cause
-        response = error_response(error, **headers)
+        response = error_response(_logged(error, log, request_id), **headers)
     except Exception:
         LOG.exception("scoring failed (request_id=%s)", request_id)
         response = json_response(
@@ -292,14 +307,48 @@ async def answer(
     finally:
         if watcher is not None:
             watcher.cancel()
-    status = response.status_code
-    if cancel.reason == "client_gone":
-        # It left before the answer was ready (the watcher stops once the call returns):
-        # whatever was computed goes to nobody, which is a 499 however the work ended.
-        log["client_gone"] = True
-        status = ClientDisconnectedError.status
-    finish_call(log, api, status, started, metrics)
+    finish(response.status_code)
     return response
+
+
+def _logged(error: ApiError, log: dict[str, Any], request_id: str) -> ApiError:
+    """An error as answered: with the request id, its cause (a 429's, a 503's) in the log
+    line and so in the metrics."""
+    error.extra["request_id"] = request_id
+    if isinstance(error, RetryLaterError) and error.cause is not None:
+        log[error.log_field] = error.cause
+    return error
+
+
+async def _events(
+    streamed: Streamed,
+    log: dict[str, Any],
+    request_id: str,
+    watcher: asyncio.Task[None],
+    finish: Callable[[int], None],
+) -> AsyncGenerator[bytes, None]:
+    """A streamed answer's bytes, then `[DONE]`: an error after the first byte ends it with
+    an error event instead of a broken stream, and is logged with its own status (the
+    HTTP status already sent was 200). The call is finished once, however it ends (a client
+    that left closes this generator: adapter.streaming.EventStream)."""
+    status = 200
+    try:
+        async with aclosing(streamed.events) as events:
+            try:
+                async for chunk in events:
+                    yield chunk
+            except ApiError as error:
+                status = error.status
+                yield error_event(_logged(error, log, request_id))
+            except Exception:
+                LOG.exception("streaming failed (request_id=%s)", request_id)
+                status = 500
+                yield error_event(_logged(ApiError("streaming failed"), log, request_id))
+        yield DONE
+    finally:
+        watcher.cancel()
+        log.update(streamed.log, streamed=True)
+        finish(status)
 
 
 def finish_call(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import contextmanager
@@ -486,9 +486,12 @@ class DecisionService:
         sampling: Sampling,
         stop: Sequence[str],
         cancel: Cancellation | None = None,
+        on_text: Callable[[str], None] | None = None,
     ) -> Generation:
         """Chat: render the messages, check the prompt limit, and generate while holding the
-        engine."""
+        engine. A streamed chat passes `on_text`, which hears each step's new text on the
+        worker (quick, never raising: adapter.streaming's `Feed.put`) before this returns
+        the whole generation, so every failure is still answered here, in one place."""
         started = time.monotonic()
         try:
             prompt = render_chat_prompt(self.template, messages)
@@ -504,6 +507,7 @@ class DecisionService:
                 stop=stop,
                 deadline=started + self.limits.request_timeout_seconds,
                 cancel=cancel,
+                on_text=on_text,
             )
         return self._wait(job.future, cancel, started, "messages")
 

@@ -81,6 +81,19 @@ def first_stop(text: str, stop: Sequence[str], scanned: int) -> int | None:
     return min(hits) if hits else None
 
 
+def stop_prefix_length(text: str, stop: Sequence[str]) -> int:
+    """How many of the text's last characters could still begin a stop string: the longest
+    end of `text` that is the start (not the whole) of one. A stream holds them back until
+    the next tokens decide, so no part of a stop string is ever sent."""
+    longest = 0
+    for marker in stop:
+        for size in range(min(len(marker) - 1, len(text)), longest, -1):
+            if text.endswith(marker[:size]):
+                longest = size
+                break
+    return longest
+
+
 def new_sampler(sampling: Sampling) -> llama_cpp.llama_sampler_p:
     """A llama.cpp sampler chain: greedy at temperature 0, else top-p, temperature, draw."""
     params = llama_cpp.llama_sampler_chain_default_params()
@@ -128,6 +141,7 @@ class GenerationRun:
         self._resets_seen: int | None = None  # the host's reset count when last caught up
         self._decoded = 0  # context tokens the sequence holds
         self._text = ""
+        self._sent = 0  # characters of `_text` handed out by `new_text` (a stream)
         self._count = 0
         self._finish: Literal["stop", "length"] | None = None
         self.reused_tokens = -1
@@ -153,6 +167,21 @@ class GenerationRun:
             return self._end("length", self._decoder.decode(b"", final=True))
         self._context.append(token)
         return False
+
+    def new_text(self) -> str:
+        """The text a stream may send now that it has not yet: what the tokens so far say
+        for certain. Bytes of an unfinished character are still in the UTF-8 decoder, and
+        an end that may begin a stop string is held back (`stop_prefix_length`) until a
+        later token completes or rules it out; once finished, all of the rest. So the
+        pieces, joined, are exactly `result().text`: the held end can only be cut, never
+        sent, and what was sent can never be cut (a stop string starting there would have
+        been held)."""
+        end = len(self._text)
+        if self._finish is None:
+            end -= stop_prefix_length(self._text, self._stop)
+        piece = self._text[self._sent : end]
+        self._sent = end
+        return piece
 
     def _catch_up(self) -> None:
         host = self._host

@@ -18,7 +18,9 @@ pass to it. What a refusal or a failure means to a caller is the service's; the 
 its own failure types (adapter.core.failures).
 
 Chat runs one generation at a time in the same worker, one token per step, between scoring
-passes: scoring never waits for a whole generation.
+passes: scoring never waits for a whole generation. A streamed chat's text is handed out
+after each step (`on_text`), as llama.cpp's server sends each task's partial results: what
+the tokens so far fix for certain (adapter.core.generation's `new_text`).
 
 Threads: `check_room`, `submit`, `submit_generation`, `seconds_for` and `pass_rows` run
 on request threads, under the queue's lock, and `close` on the shutdown thread
@@ -92,6 +94,12 @@ class _Job:
     pads: int = 0
 
 
+# Hears each step of a streamed generation on the worker: the text it adds that can no
+# longer change (GenerationRun.new_text; "" when a step only held bytes back). It must be
+# quick and must not raise (the service hands it to the event loop's queue).
+TextObserver = Callable[[str], None]
+
+
 @dataclass
 class _ChatJob:
     prompt: Sequence[int]
@@ -100,6 +108,7 @@ class _ChatJob:
     stop: Sequence[str]
     deadline: float
     cancel: Cancellation
+    on_text: TextObserver | None = None
     future: Future[Generation] = field(default_factory=Future)
 
 
@@ -214,8 +223,12 @@ class Scheduler:
         stop: Sequence[str],
         deadline: float,
         cancel: Cancellation,
+        on_text: TextObserver | None = None,
     ) -> _ChatJob:
-        job = _ChatJob(prompt, max_new_tokens, sampling, stop, deadline, cancel)
+        """Queue a chat generation, or raise the admission's RefusedError (a full queue).
+        `on_text`, for a streamed chat, hears each step's new text before the future
+        holds the whole generation."""
+        job = _ChatJob(prompt, max_new_tokens, sampling, stop, deadline, cancel, on_text)
         with self._condition:
             self._open()
             self.admission.admit_chat(time.monotonic(), self.waiting)
@@ -477,7 +490,10 @@ class Scheduler:
             run.close()
             return None
         try:
-            if not run.step():
+            finished = run.step()
+            if job.on_text is not None:
+                job.on_text(run.new_text())
+            if not finished:
                 return job, run
             result = run.result()
         except Exception as error:  # the worker outlives any one request

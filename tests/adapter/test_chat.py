@@ -90,7 +90,6 @@ def test_decisions_after_chat_are_unchanged(client: TestClient) -> None:
         ({"max_tokens": 33}, "max_tokens: must be an integer from 1 to 32 (SEMIF_MAX_CHAT_TOKENS)"),
         ({"max_tokens": 0}, "max_tokens: must be an integer from 1 to 32"),
         ({"max_completion_tokens": 99}, "max_completion_tokens: must be an integer from 1 to 32"),
-        ({"stream": True}, "stream: streaming is not supported"),
         ({"n": 2}, "n: only one choice"),
         ({"temperature": 3}, "temperature: must be a number from 0.0 to 2.0"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop: must be a string or up to 4 strings"),
@@ -126,7 +125,8 @@ def test_prompt_over_the_token_limit_is_400(tiny_model_dir: Path) -> None:
 
 def test_chat_takes_a_queue_place(tiny_model_dir: Path) -> None:
     """A chat waits in the same bounded queue as scoring: with SEMIF_MAX_QUEUE=1 held full
-    by a scoring request in its pass, a chat is refused with a 429."""
+    by a scoring request in its pass, a chat is refused with a 429, a streamed one too, as
+    the same JSON answer (refused before its first byte: no stream)."""
     settings = Settings(
         model_dir=tiny_model_dir, max_tokens=1024, max_chat_tokens=32, threads=1, max_queue=1
     )
@@ -150,6 +150,7 @@ def test_chat_takes_a_queue_place(tiny_model_dir: Path) -> None:
         try:
             assert entered.wait(10)
             busy = chat(served, max_tokens=4)
+            busy_stream = chat(served, max_tokens=4, stream=True)
         finally:
             gate.set()
             worker.join(10)
@@ -158,6 +159,9 @@ def test_chat_takes_a_queue_place(tiny_model_dir: Path) -> None:
     assert busy.json()["retryable"] is True
     assert "SEMIF_MAX_QUEUE=1" in busy.json()["error"]
     assert busy.headers["retry-after"] == str(busy.json()["retry_after_seconds"])
+    assert busy_stream.status_code == 429
+    assert busy_stream.headers["content-type"] == "application/json"
+    assert busy_stream.json()["error"] == busy.json()["error"]
     assert first["response"].status_code == 200
     assert after.status_code == 200
 
