@@ -33,6 +33,7 @@ from adapter.apis import Api, select_api
 from adapter.errors import ApiError, UnavailableError
 from adapter.http import (
     Call,
+    accepts_lines,
     answer,
     as_sagemaker_runtime,
     authenticate,
@@ -77,12 +78,20 @@ def create_app(
 
     invocations_key = settings.api_key if settings.guard_invocations else None
 
+    def streamed_by_field(body: Any) -> tuple[str, Call]:
+        """A decision body asked as a stream (adapter.handlers.decide_streamed); any other
+        body as it would be answered anyway."""
+        api = select_api(body)
+        if api == "decision":
+            return api, partial(handlers.decide_streamed, runtime)
+        return call_of(api)
+
     async def invocations(request: Request) -> Response:
         if content_type_of(request) in lines.MEDIA_TYPES:
             return await lines.answer_lines(request, runtime, api_key=invocations_key)
         return await answer(
             request,
-            by_field,
+            streamed_by_field if accepts_lines(request) else by_field,
             max_body_bytes=settings.max_body_bytes,
             api_key=invocations_key,
             body_timeout_seconds=settings.body_timeout_seconds,

@@ -21,7 +21,7 @@ from adapter.errors import RequestError
 from adapter.runtime import Runtime
 from adapter.schema import DecisionRequest, parse_decision_body
 from adapter.service import DecisionService, Generation
-from adapter.streaming import Feed, Streamed, event
+from adapter.streaming import LINES, Feed, P, Streamed, event, line
 
 Result = tuple[dict[str, Any], dict[str, Any]]
 # (runtime, body, request id, the request's cancellation, the retry token it brought) ->
@@ -59,32 +59,121 @@ async def decide_parsed(
     retry_token: str | None,
 ) -> Result:
     """`decide` after validation (adapter.lines also scores decisions it merged by state)."""
-    mode, asked = request.mode, request.decisions
     async with runtime.admit() as service:
         scored = await anyio.to_thread.run_sync(
             lambda: decisions.decide(
-                service, asked, mode, request.policy, cancel, retry_token=retry_token
+                service,
+                request.decisions,
+                request.mode,
+                request.policy,
+                cancel,
+                retry_token=retry_token,
             )
         )
     results = scored["results"]
+    log = _decided(runtime, service, request, scored, request_id)
+    response: dict[str, Any] = (
+        {"result": results[0]} if request.mode == "single" else {"results": results}
+    )
+    response.update(model=service.model, timing=scored["timing"], request_id=request_id)
+    return response, log
+
+
+def _decided(
+    runtime: Runtime,
+    service: DecisionService,
+    request: DecisionRequest,
+    scored: dict[str, Any],
+    request_id: str,
+) -> dict[str, Any]:
+    """What answering decisions leaves behind, whole or streamed: the abstentions counted,
+    the audit records, and the fields of the call's log line (returned)."""
+    results = scored["results"]
     runtime.metrics.abstentions.inc(sum(1 for result in results if result["abstained"]))
     runtime.audit.decisions(
-        asked,
+        request.decisions,
         results,
         api="decision",
         request_id=request_id,
         model=service.model,
         seconds=scored["timing"]["total_seconds"],
     )
-    response: dict[str, Any] = {"result": results[0]} if mode == "single" else {"results": results}
-    response.update(model=service.model, timing=scored["timing"], request_id=request_id)
-    log = {
-        "mode": mode,
-        "decisions": len(asked),
+    return {
+        "mode": request.mode,
+        "decisions": len(request.decisions),
         "input_tokens": sum(result["input_tokens"] for result in results),
         **batching_fields(scored["timing"]),
     }
-    return response, log
+
+
+async def decide_streamed(
+    runtime: Runtime, body: Any, request_id: str, cancel: Cancellation, retry_token: str | None
+) -> tuple[Streamed, dict[str, Any]]:
+    """The decision API answered as JSON Lines (`Accept: application/jsonlines`): a line
+    `{"index", "result"}` per decision as soon as it is scored, the first one after a pass
+    of its own, in the order they finish, then `{"done": true, "model", "timing",
+    "request_id"}`. The results are the whole answer's, bit for bit. As a streamed chat,
+    the answer begins with the first result, so what fails before it is the usual JSON
+    error; after it, a last line `{"error", "status", ...}` replaces the closing one."""
+    settings = runtime.settings
+    request = parse_decision_body(body, settings.max_shared_decisions, settings.readout)
+    admitted = AsyncExitStack()
+    service = await admitted.enter_async_context(runtime.admit())
+
+    def produce(put: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        return decisions.decide(
+            service,
+            request.decisions,
+            request.mode,
+            request.policy,
+            cancel,
+            retry_token=retry_token,
+            on_result=lambda index, result: put({"index": index, "result": result}),
+        )
+
+    feed = Feed(produce, cancel)
+    first = await _first(feed, admitted)
+    log: dict[str, Any] = {"mode": request.mode}
+    lines = _result_lines(feed, first, admitted, log, runtime, service, request, request_id)
+    return Streamed(lines, log, LINES), {}
+
+
+async def _first(feed: Feed[P, Any], admitted: AsyncExitStack) -> P | None:
+    """A stream's first piece; when the work fails before it, the work has ended and the
+    admission is given back before the error is answered as usual."""
+    try:
+        return await feed.next()
+    except BaseException:
+        await feed.settle()
+        await admitted.aclose()
+        raise
+
+
+async def _result_lines(
+    feed: Feed[dict[str, Any], dict[str, Any]],
+    first: dict[str, Any] | None,
+    admitted: AsyncExitStack,
+    log: dict[str, Any],
+    runtime: Runtime,
+    service: DecisionService,
+    request: DecisionRequest,
+    request_id: str,
+) -> AsyncGenerator[bytes, None]:
+    """A streamed decision request's lines (`decide_streamed`); a client that leaves closes
+    this generator, which cancels the rest of the work before the admission is given
+    back."""
+    try:
+        piece = first
+        while piece is not None:
+            yield line(piece)
+            piece = await feed.next()
+        scored = feed.result()
+        log.update(_decided(runtime, service, request, scored, request_id))
+        closing = {"model": service.model, "timing": scored["timing"], "request_id": request_id}
+        yield line({"done": True, **closing})
+    finally:
+        await feed.settle()
+        await admitted.aclose()
 
 
 async def answer_systemone(
@@ -186,20 +275,15 @@ async def _stream_chat(
     stream ends, as a whole answer holds it until it is written."""
     admitted = AsyncExitStack()
     service = await admitted.enter_async_context(runtime.admit())
-    feed = Feed(lambda put: _generate(service, request, cancel, put), cancel)
-    try:
-        first = await feed.next()
-    except BaseException:
-        await feed.settle()
-        await admitted.aclose()
-        raise
+    feed: Feed[str, Generation] = Feed(lambda put: _generate(service, request, cancel, put), cancel)
+    first = await _first(feed, admitted)
     chunks = chat.Chunks(f"chatcmpl-{request_id}", service.model_id, request.include_usage)
     log: dict[str, Any] = {"mode": "chat"}
     return Streamed(_chat_events(feed, first, chunks, admitted, log), log), {}
 
 
 async def _chat_events(
-    feed: Feed[Generation],
+    feed: Feed[str, Generation],
     first: str | None,
     chunks: chat.Chunks,
     admitted: AsyncExitStack,

@@ -42,7 +42,7 @@ from adapter.errors import (
 )
 from adapter.fields import member_path
 from adapter.metrics import Metrics
-from adapter.streaming import DONE, EventStream, Streamed, error_event
+from adapter.streaming import LINES_MEDIA_TYPE, EventStream, Streamed
 
 LOG = logging.getLogger("adapter.requests")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -69,6 +69,18 @@ def json_response(status: int, body: dict[str, Any], **headers: str) -> Response
 
 def error_response(error: ApiError, **headers: str) -> Response:
     return json_response(error.status, error.body(), **error.headers(), **headers)
+
+
+def accepts_lines(request: Request) -> bool:
+    """Whether the caller asked for a streamed decision answer: `Accept:
+    application/jsonlines`, as sent directly or as SageMaker forwards
+    InvokeEndpointWithResponseStream's `Accept` (X-Amzn-SageMaker-Accept)."""
+    asked = (request.headers.get(name, "") for name in ("accept", "x-amzn-sagemaker-accept"))
+    return any(
+        part.split(";", 1)[0].strip().lower() in (LINES_MEDIA_TYPE, "application/x-jsonlines")
+        for value in asked
+        for part in value.split(",")
+    )
 
 
 def content_type_of(request: Request) -> str:
@@ -293,7 +305,8 @@ async def answer(
         payload, details = await run(body, request_id, cancel, retry_token)
         log.update(details)
         if isinstance(payload, Streamed):
-            stream = EventStream(_events(payload, log, request_id, watcher, finish), headers)
+            events = _events(payload, log, request_id, watcher, finish)
+            stream = EventStream(events, headers, payload.framing.media_type)
             watcher = None  # watched until the stream ends
             return stream
         response = json_response(200, payload, **headers)
@@ -327,8 +340,9 @@ async def _events(
     watcher: asyncio.Task[None],
     finish: Callable[[int], None],
 ) -> AsyncGenerator[bytes, None]:
-    """A streamed answer's bytes, then `[DONE]`: an error after the first byte ends it with
-    an error event instead of a broken stream, and is logged with its own status (the
+    """A streamed answer's bytes, then its framing's end (a chat's `[DONE]`): an error after
+    the first byte ends it with the framing's error (an event, a line) instead of a broken
+    stream, and is logged with its own status (the
     HTTP status already sent was 200). The call is finished once, however it ends (a client
     that left closes this generator: adapter.streaming.EventStream)."""
     status = 200
@@ -339,12 +353,14 @@ async def _events(
                     yield chunk
             except ApiError as error:
                 status = error.status
-                yield error_event(_logged(error, log, request_id))
+                yield streamed.framing.error(_logged(error, log, request_id))
             except Exception:
                 LOG.exception("streaming failed (request_id=%s)", request_id)
                 status = 500
-                yield error_event(_logged(ApiError("streaming failed"), log, request_id))
-        yield DONE
+                failed = ApiError("streaming failed")
+                yield streamed.framing.error(_logged(failed, log, request_id))
+        if streamed.framing.end:
+            yield streamed.framing.end
     finally:
         watcher.cancel()
         log.update(streamed.log, streamed=True)

@@ -9,6 +9,7 @@ and hand all decoding to the scheduler's worker (adapter.core.scheduler), then w
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -324,6 +325,8 @@ class DecisionService:
         *,
         retry_token: str | None = None,
         readouts: Sequence[ReadoutChoice] | None = None,
+        on_work: WorkObserver | None = None,
+        lead: int = 0,
     ) -> ScoredBatch:
         """Score decisions of any size in the scheduler's next passes.
 
@@ -336,6 +339,10 @@ class DecisionService:
         queues; decisions about one state share its prefix, options labelled with two
         tokens get their second-token logits in the same pass, and a likelihood question's
         option branches share its prompt.
+        A streamed request gives `on_work`, which hears each decision's `ScoredWork` on
+        this thread as soon as all its prompts are scored (in the order they finish, before
+        this returns), and `lead`: how many decisions, from the first, the first pass holds
+        alone, so the first answer comes after a pass no longer than it alone would take.
         """
         started = time.monotonic()
         field = paths[0].split("[")[0].split(".")[0]
@@ -351,11 +358,13 @@ class DecisionService:
         self._check_budget(self._price(asked), field)
         sending = self._in_chunks(asked)
         cancel = cancel or Cancellation()
+        arrivals = _Arrivals(works, [owner for owner, _ in entries], sending, on_work)
+        deadline = started + self.limits.request_timeout_seconds
         with self._answering(field):
             job = self.scheduler.submit(
                 [entry.tokens for entry, _ in sending],
                 [entry.continuations for entry, _ in sending],
-                started + self.limits.request_timeout_seconds,
+                deadline,
                 cancel,
                 cost=self._price([entry for entry, _ in sending]),
                 boundaries=[entry.boundaries for entry, _ in sending],
@@ -363,24 +372,24 @@ class DecisionService:
                 after=[entry.after for entry, _ in sending],
                 held_only=[chunk for _, chunk in sending],
                 retry_token=retry_token,
+                on_scored=None if on_work is None else arrivals.arrived,
+                lead=arrivals.sent_before(lead),
             )
-        parts, timing = self._wait(job.future, cancel, started, field)
-        parts = _without_chunks(sending, parts)
-        timing = replace(timing, reused_tokens=sum(part.reused_tokens for part in parts))
-        mine: list[list[PromptScore]] = [[] for _ in works]
-        for (owner, _), part in zip(entries, parts, strict=True):
-            mine[owner].append(part)
         try:
-            readouts_read = [work.read(own) for work, own in zip(works, mine, strict=True)]
+            if on_work is not None:
+                arrivals.follow(job.future, deadline)
+            parts, timing = self._wait(job.future, cancel, started, field)
+            arrivals.take(parts)
         except NonFiniteLogitsError as error:
             self._mark_unhealthy(error)
             raise
-        self._branches.remember(works, mine)
+        timing = replace(timing, reused_tokens=sum(arrivals.reused))
+        self._branches.remember(works, arrivals.mine)
         return ScoredBatch(
             prompts=[work.text for work in works],
             input_tokens=[work.input_tokens() for work in works],
-            reused_tokens=[work.reused_tokens(own) for work, own in zip(works, mine, strict=True)],
-            readouts=readouts_read,
+            reused_tokens=arrivals.reused,
+            readouts=arrivals.readouts,
             timing=timing,
             total_seconds=time.monotonic() - started,
             distinct_input_tokens=distinct_tokens([entry.tokens for entry in asked]),
@@ -465,11 +474,24 @@ class DecisionService:
         cancel: Cancellation | None = None,
         *,
         retry_token: str | None = None,
+        on_reading: ReadingObserver | None = None,
     ) -> tuple[list[Reading], ScoredBatch]:
         """Score each question's prompts in its option order (adapter.ordering) in one
-        batch, and read them back in the caller's order: how every API scores options."""
+        batch, and read them back in the caller's order: how every API scores options.
+        A streamed request gives `on_reading`, which hears each question read as soon as
+        its prompts are scored (its index, its reading, the tokens its prompts reused), the
+        first question alone in the first pass."""
         decisions, expanded, readouts = expand(variants, paths)
-        batch = self.score(decisions, expanded, cancel, retry_token=retry_token, readouts=readouts)
+        heard = None if on_reading is None else _QuestionsHeard(variants, on_reading)
+        batch = self.score(
+            decisions,
+            expanded,
+            cancel,
+            retry_token=retry_token,
+            readouts=readouts,
+            on_work=None if heard is None else heard.work,
+            lead=len(variants[0].orders) if heard is not None else 0,
+        )
         readings = read(variants, batch)
         if self.metrics is not None:
             for variant, reading in zip(variants, readings, strict=True):
@@ -521,6 +543,135 @@ def _too_slow(path: str, needed: float, allowed: float, speed: str) -> RequestEr
         f"{allowed:g} s (SEMIF_REQUEST_TIMEOUT_S); send fewer "
         "or shorter decisions",
     )
+
+
+# Hears each question of a streamed request read: (its index, its reading, the tokens its
+# prompts took from resident prefixes). On the request's thread.
+ReadingObserver = Callable[[int, Reading, int], None]
+
+
+class _QuestionsHeard:
+    """A streamed request's questions, each read and told once all its decisions' works
+    (one per option order, adapter.ordering.expand) are scored."""
+
+    def __init__(self, variants: Sequence[Variants], on_reading: ReadingObserver) -> None:
+        self._variants, self._on_reading = variants, on_reading
+        self._question: list[int] = []  # per work, its question
+        for index, variant in enumerate(variants):
+            self._question += [index] * len(variant.orders)
+        self._works: dict[int, list[tuple[int, ScoredWork]]] = {}
+
+    def work(self, index: int, scored: ScoredWork) -> None:
+        question = self._question[index]
+        works = self._works.setdefault(question, [])
+        works.append((index, scored))
+        variant = self._variants[question]
+        if len(works) < len(variant.orders):
+            return
+        ordered = [work for _, work in sorted(works, key=lambda pair: pair[0])]
+        reading = variant.read(
+            [work.prompt for work in ordered],
+            [work.input_tokens for work in ordered],
+            [work.readout for work in ordered],
+        )
+        self._on_reading(question, reading, sum(work.reused_tokens for work in ordered))
+
+
+@dataclass(frozen=True)
+class ScoredWork:
+    """One decision's prompt read, as a streamed request hears it (adapter.ordering reads
+    a question from its decisions' works: one per option order)."""
+
+    prompt: str
+    input_tokens: int
+    reused_tokens: int
+    readout: SlotReadout
+
+
+# Hears each decision of a streamed request as soon as all its prompts are scored: (its
+# index among the decisions scored, its work). On the request's thread.
+WorkObserver = Callable[[int, ScoredWork], None]
+
+
+class _Arrivals:
+    """A request's scores gathered by decision as passes deliver them (a streamed request's
+    decisions are read and told as each completes; every request's at the end).
+
+    Threads: `arrived` runs on the scheduler's worker and only queues what it is given;
+    `follow` and `take` run on the request's thread, which alone reads the works."""
+
+    def __init__(
+        self,
+        works: Sequence[QuestionWork],
+        owners: Sequence[int],  # per entry asked, the work it belongs to
+        sending: Sequence[tuple[Entry, bool]],
+        on_work: WorkObserver | None,
+    ) -> None:
+        self._works, self._owners, self._sending = works, owners, sending
+        self._on_work = on_work
+        self._queue: queue.SimpleQueue[Sequence[PromptScore] | None] = queue.SimpleQueue()
+        self.mine: list[list[PromptScore]] = [[] for _ in works]
+        self._read: dict[int, SlotReadout] = {}
+        self._reused: dict[int, int] = {}
+        self._taken = 0  # entries asked (not chunks) whose scores are in `mine`
+
+    def sent_before(self, lead: int) -> int:
+        """How many prompts are sent up to the last of the first `lead` decisions' entries
+        (their chunks included); 0 for none."""
+        if lead <= 0:
+            return 0
+        entries = sum(len(work.entries) for work in self._works[:lead])
+        asked = 0
+        for index, (_, chunk) in enumerate(self._sending):
+            asked += not chunk
+            if asked == entries:
+                return index + 1
+        return len(self._sending)
+
+    def arrived(self, scores: Sequence[PromptScore]) -> None:
+        """The worker's report after a pass: every score so far, in sending order."""
+        self._queue.put(scores)
+
+    def follow(self, future: Future[Any], deadline: float) -> None:
+        """Take each report until the request's work has ended (done, failed, cancelled) or
+        its deadline has passed (then the caller's wait says which)."""
+        future.add_done_callback(lambda _: self._queue.put(None))
+        while True:
+            try:
+                scores = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return
+            if scores is None:
+                return
+            self.take(scores)
+
+    def take(self, scores: Sequence[PromptScore]) -> None:
+        """File the scores of the prompts sent so far under their decisions, and read (and
+        tell, when streaming) each decision whose prompts are now all in."""
+        parts = _without_chunks(self._sending[: len(scores)], scores)
+        for part in parts[self._taken :]:
+            owner = self._owners[self._taken]
+            self._taken += 1
+            own = self.mine[owner]
+            own.append(part)
+            work = self._works[owner]
+            if len(own) < len(work.entries):
+                continue
+            self._read[owner] = work.read(own)
+            self._reused[owner] = work.reused_tokens(own)
+            if self._on_work is not None:
+                scored = ScoredWork(
+                    work.text, work.input_tokens(), self._reused[owner], self._read[owner]
+                )
+                self._on_work(owner, scored)
+
+    @property
+    def readouts(self) -> list[SlotReadout]:
+        return [self._read[owner] for owner in range(len(self._works))]
+
+    @property
+    def reused(self) -> list[int]:
+        return [self._reused[owner] for owner in range(len(self._works))]
 
 
 def _without_chunks(

@@ -1,4 +1,5 @@
-"""Answers sent as they are made: Server-Sent Events, fed from the scheduler's worker.
+"""Answers sent as they are made: a chat's Server-Sent Events, a decision request's JSON
+Lines, fed from the scheduler's worker.
 
 As in llama.cpp's server, a generation runs on the one thread that decodes and hands each
 new piece of text to the HTTP side through a queue; the HTTP side is an async generator
@@ -11,6 +12,8 @@ Errors keep their usual answers as long as they can: the response head is sent o
 the first piece has arrived (`Feed.next`), so a refusal, a deadline or a failure before
 the first token is the usual JSON error with its status; after it, the stream ends with an
 error event and `[DONE]` (`EventStream` and `adapter.http.answer`), never a broken stream.
+A decision stream (`LINES`) has one JSON line per result and a closing line instead; its
+error is a last line `{"error", "status", ...}` (`Framing` says how each stream is framed).
 
 Threads: `Feed.put` on any thread (the worker); everything else on the event loop. Pure: the
 HTTP layer imports it without loading llama.cpp.
@@ -34,8 +37,10 @@ from adapter.cancel import Cancellation
 from adapter.errors import ApiError
 
 T = TypeVar("T")
+P = TypeVar("P")
 MEDIA_TYPE = "text/event-stream"
 DONE = b"data: [DONE]\n\n"
+LINES_MEDIA_TYPE = "application/jsonlines"
 
 
 def event(data: Mapping[str, Any]) -> bytes:
@@ -52,41 +57,71 @@ def error_event(error: ApiError) -> bytes:
     return event({"error": {"message": str(error), "code": error.status, **error.extra}})
 
 
+def line(data: Mapping[str, Any]) -> bytes:
+    """One JSON Lines line carrying `data` as strict JSON."""
+    return json.dumps(data, allow_nan=False, ensure_ascii=False).encode() + b"\n"
+
+
+def error_line(error: ApiError) -> bytes:
+    """The line that ends a JSON Lines stream that failed after its first byte: the JSON
+    error answer's fields with the status it would have had (as a JSON Lines body's error
+    lines carry theirs)."""
+    return line({"status": error.status, **error.body()})
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a stream is written: its media type, the bytes an error after the first byte
+    becomes, and the bytes that end it (a JSON Lines stream's own last line closes it)."""
+
+    media_type: str
+    error: Callable[[ApiError], bytes]
+    end: bytes
+
+
+SSE = Framing(MEDIA_TYPE, error_event, DONE)
+LINES = Framing(LINES_MEDIA_TYPE, error_line, b"")
+
+
 @dataclass
 class Streamed:
     """A call's answer as a stream of events (an API handler returns it instead of a JSON
     body): `events` yields each event's bytes, and may raise an ApiError after its first,
-    which ends the stream with an error event; `log` is what the call's log line adds once
-    the stream has ended (the handler fills it as it learns, e.g. the tokens generated)."""
+    which ends the stream with the framing's error; `log` is what the call's log line adds
+    once the stream has ended (the handler fills it as it learns, e.g. the tokens
+    generated)."""
 
     events: AsyncGenerator[bytes, None]
     log: dict[str, Any] = field(default_factory=dict)
+    framing: Framing = SSE
 
 
-class Feed(Generic[T]):
-    """Pieces of text from a blocking call in a worker thread, to the event loop, in order.
+class Feed(Generic[P, T]):
+    """Pieces (a chat's text, a decision's result) from a blocking call in a worker thread,
+    to the event loop, in order.
 
     `produce(put)` runs in anyio's thread pool (the service's `generate`, which waits for
-    the scheduler there); each `put(piece)`, made on the scheduler's worker, reaches the
+    the scheduler there); each `put(piece)`, made on the scheduler's worker (a decision's:
+    on the request's thread), reaches the
     loop through `call_soon_threadsafe`. When the call ends, its task's completion queues
     the end after every piece: the worker's last `put` is scheduled before it sets the
     result the call returns, and the loop runs what is scheduled in order.
     """
 
-    def __init__(self, produce: Callable[[Callable[[str], None]], T], cancel: Cancellation):
+    def __init__(self, produce: Callable[[Callable[[P], None]], T], cancel: Cancellation):
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[P | None] = asyncio.Queue()
         self._cancel = cancel
         self._task = asyncio.create_task(anyio.to_thread.run_sync(produce, self._put))
         self._task.add_done_callback(lambda _: self._queue.put_nowait(None))
 
-    def _put(self, piece: str) -> None:
+    def _put(self, piece: P) -> None:
         """Any thread; never raises (the worker calls it): once the loop has closed (the
         process is exiting) nobody is left to read the piece."""
         with suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._queue.put_nowait, piece)
 
-    async def next(self) -> str | None:
+    async def next(self) -> P | None:
         """The next piece; None once the call has returned and every piece was taken, and
         the call's own error once it has failed (its pieces taken first)."""
         piece = await self._queue.get()
@@ -112,15 +147,20 @@ class Feed(Generic[T]):
 
 
 class EventStream(StreamingResponse):
-    """A `text/event-stream` response that closes its events however the response ends.
+    """A streamed response that closes its events however the response ends.
 
     Starlette stops iterating when the client leaves but leaves the generator suspended
     until garbage collection; its `finally` (the call's log line, the generation's
     cancellation, the admission it holds) must run now."""
 
-    def __init__(self, events: AsyncGenerator[bytes, None], headers: Mapping[str, str]):
+    def __init__(
+        self,
+        events: AsyncGenerator[bytes, None],
+        headers: Mapping[str, str],
+        media_type: str = MEDIA_TYPE,
+    ):
         super().__init__(
-            events, media_type=MEDIA_TYPE, headers={"cache-control": "no-cache", **headers}
+            events, media_type=media_type, headers={"cache-control": "no-cache", **headers}
         )
         self._events = events
 

@@ -28,14 +28,13 @@ import os
 import platform
 import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import httpx
 
@@ -72,7 +71,16 @@ from bench.local import (
 )
 from bench.offline import OfflinePlan, OfflineRun, measure_offline
 from bench.peer_server import PeerBinary, cached_llama_server, llama_server
-from bench.runner import DEFAULT_MODEL_CACHE, Invoker, finite, open_client, write_histogram
+from bench.runner import (
+    DEFAULT_MODEL_CACHE,
+    Invoker,
+    finite,
+    open_client,
+    timed,
+    write_histogram,
+)
+from bench.stream_first import FIRST_LIMIT, STATE_TOKENS, STREAM_DECISIONS
+from bench.stream_first import measure as measure_stream
 from bench.tasks import shared_body, single_body
 from bench.workload import Workload, build_workload
 from client.decision_client import RetryPolicy
@@ -82,7 +90,6 @@ from model_build.tiny_gguf import write_tiny_hybrid_gguf
 SCHEMA = "semif-bench-report/1"
 PEER_TOP_LOGPROBS = 20
 PEER_CONTEXT = 2048
-T = TypeVar("T")
 
 
 # The tiny models' byte-level tokenizer against SmolLM2's, on the workload's English text.
@@ -220,12 +227,6 @@ class Figure:
             "failure": self.failure,
             "details": self.details,
         }
-
-
-def timed(action: Callable[[], T]) -> tuple[T, float]:
-    started = time.perf_counter()
-    value = action()
-    return value, time.perf_counter() - started
 
 
 # -- measurements -------------------------------------------------------------------------
@@ -877,6 +878,32 @@ def branch_figures(gguf: Path, counts: Sequence[int], threads: int) -> list[Figu
     return figures
 
 
+def stream_figure(gguf: Path, threads: int, rounds: int) -> Figure:
+    """Figure 10: the first decision of a streamed shared request against one decision
+    alone, median of the rounds' ratios (bench.stream_first); failed when a streamed result
+    is not the whole answer's, bit for bit."""
+    measured = measure_stream(gguf, threads, rounds)
+    return Figure(
+        "stream_first_decision",
+        f"10 Streamed shared request ({STREAM_DECISIONS} decisions): first decision",
+        statistics.median(one.first for one in measured),
+        "first streamed",
+        statistics.median(one.alone for one in measured),
+        "one decision alone",
+        "seconds",
+        Goal("<=", FIRST_LIMIT),
+        {
+            "streamed_seconds": [one.streamed for one in measured],
+            "whole_seconds": [one.whole for one in measured],
+            "state_tokens": STATE_TOKENS,
+        },
+        None
+        if all(one.identical for one in measured)
+        else "a streamed result differs from the whole answer's",
+        tuple(one.ratio for one in measured),
+    )
+
+
 def peer_binary(args: argparse.Namespace) -> tuple[PeerBinary | None, str | None]:
     """llama-server for the concurrency phase, or why it is skipped. A full run builds it
     (minutes, once per version); --smoke only uses one a full run left in the cache."""
@@ -915,6 +942,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--offline-only", action="store_true", help="only the offline figures (8)")
     parser.add_argument(
         "--no-branches", action="store_true", help="skip the likelihood branches' figures (9)"
+    )
+    parser.add_argument(
+        "--no-streaming", action="store_true", help="skip the streamed decisions' figure (10)"
     )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     parser.add_argument(
@@ -1069,9 +1099,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         figures += offline_figures(offline_run)
         report["offline"] = offline_run.as_json()
-    if not (args.no_branches or args.overload_only or args.concurrency_only or args.offline_only):
+    only_some = args.overload_only or args.concurrency_only or args.offline_only
+    if not (args.no_branches or only_some):
         print(f"likelihood branches: {sizes.option_counts} options, in-process", flush=True)
         figures += branch_figures(gguf, sizes.option_counts, args.threads)
+    if not (args.no_streaming or only_some):
+        print(f"streamed decisions: {STREAM_DECISIONS} decisions, in-process", flush=True)
+        figures.append(stream_figure(gguf, args.threads, sizes.rounds))
     report["run"]["load_average_at_end"] = os.getloadavg()
     report["figures"] = {figure.key: figure.as_json() for figure in figures}
     report["samples"] = {

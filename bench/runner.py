@@ -18,14 +18,14 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -227,6 +227,16 @@ def threshold_for(
     """The point of widest coverage whose kept answers reach `target` accuracy, if any."""
     reaching = [point for point in curve if point["accuracy"] >= target]
     return max(reaching, key=lambda point: point["coverage"]) if reaching else None
+
+
+T = TypeVar("T")
+
+
+def timed(action: Callable[[], T]) -> tuple[T, float]:
+    """What `action` returns, and the seconds it took (wall clock)."""
+    started = time.perf_counter()
+    value = action()
+    return value, time.perf_counter() - started
 
 
 def finite(value: Any) -> Any:

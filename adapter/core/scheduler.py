@@ -68,6 +68,12 @@ class JobTiming:
     pad_tokens: int  # rows of its passes decoded again only for the exact path (shared)
 
 
+# Hears a scoring request's progress on the worker, after each pass that scored some of its
+# prompts: every score so far, in prompt order (a streamed request reads each question as
+# soon as its prompts are in). It must be quick and must not raise.
+ScoreObserver = Callable[[Sequence[PromptScore]], None]
+
+
 @dataclass
 class _Job:
     prompts: Sequence[Sequence[int]]
@@ -80,6 +86,8 @@ class _Job:
     deadline: float
     enqueued: float
     cancel: Cancellation
+    on_scored: ScoreObserver | None = None
+    lead: int = 0  # prompts its first pass may take at most (0: no limit)
     future: Future[tuple[list[PromptScore], JobTiming]] = field(default_factory=Future)
     done: int = 0  # prompts scored so far
     scores: list[PromptScore] = field(default_factory=list)
@@ -177,6 +185,8 @@ class Scheduler:
         after: Sequence[Sequence[int]] = (),
         held_only: Sequence[bool] = (),
         retry_token: str | None = None,
+        on_scored: ScoreObserver | None = None,
+        lead: int = 0,
     ) -> _Job:
         """Queue a scoring request (already validated), or raise the admission's RefusedError.
         `cost` is the request's price if the caller already asked the layout for it (the
@@ -185,7 +195,10 @@ class Scheduler:
         scored, and `after` the tokens read after it (LlamaEngine.score); `held_only` per
         prompt, whether it is sent only to be held for the prompts after it (a long
         prompt's leading chunk: its score is never read); `retry_token` the place in the
-        retry line an earlier refusal gave its client."""
+        retry line an earlier refusal gave its client. A streamed request gives
+        `on_scored`, which hears its scores after each pass, and `lead`, the prompts its
+        first pass takes at most (its first question alone, answered after a pass no
+        longer than that question would take by itself; the rest follow)."""
         if cost is None:
             cost = price(
                 prompts, continuations, stream_cells=self.engine.stream_cells, scored=scored
@@ -205,6 +218,8 @@ class Scheduler:
             deadline,
             time.monotonic(),
             cancel,
+            on_scored,
+            lead,
         )
         with self._condition:
             self._admit(retry_token, claim=True)
@@ -316,6 +331,8 @@ class Scheduler:
                 pass_rows=pass_rows,
                 max_sequences=self.engine.max_branches,
             )
+            if job.passes == 0 and job.done < job.lead:
+                end = min(end, job.lead)
             if end == job.done:
                 break  # arrival order: nobody overtakes a request that does not fit
             for cost in job.price.prompts[job.done : end]:
@@ -413,6 +430,8 @@ class Scheduler:
             job.reused += sum(score.reused_tokens for score in mine)
             job.evaluated += len(frozenset().union(*(score.rows for score in mine)))
             job.pads += timing.pad_tokens
+            if job.on_scored is not None:
+                job.on_scored(tuple(job.scores))
             if job.done == len(job.prompts):
                 finished.append(job)
             elif (reason := self.admission.cannot_finish(job, time.monotonic())) is not None:

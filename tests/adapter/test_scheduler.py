@@ -665,3 +665,38 @@ def test_14_chunks_the_cache_holds_cost_no_pass(
     else:
         assert later == [tuple(prompt) for prompt in [*chunks, follow_up]]
         assert timing.passes > 1
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "no-reuse"])
+def test_15_a_streamed_request_leads_alone_and_reports_each_pass(
+    monkeypatch: pytest.MonkeyPatch, prefix_reuse: bool
+) -> None:
+    """Six small prompts that fit one pass, two of them the lead: the first pass takes those
+    two only and the rest follow in the next; the observer hears every score so far after
+    each pass, before the answer is ready, and the answer is the same scores."""
+    scheduler, engine = _fixed(monkeypatch, prefix_reuse=prefix_reuse)
+    state = [MARK, *range(1, 40)]
+    prompts = [[*state, 100 + index] for index in range(6)]
+    heard: list[tuple[int, bool]] = []
+    job: Any = None
+
+    def on_scored(scores: Any) -> None:
+        heard.append((len(scores), job.future.done()))
+
+    try:
+        job = scheduler.submit(
+            prompts,
+            [()] * 6,
+            engine.clock.monotonic() + 1000,
+            Cancellation(),
+            on_scored=on_scored,
+            lead=2,
+        )
+        engine.release.set()  # its passes start once `job` is known to the observer
+        scores, timing = job.future.result(10)
+    finally:
+        assert scheduler.close(10)
+    assert [len(one.prompts) for one in engine.passes] == [2, 4]
+    assert heard == [(2, False), (6, False)]
+    assert timing.passes == 2
+    assert [score.logits[0] for score in scores] == [identity(prompt) for prompt in prompts]

@@ -58,6 +58,7 @@ LLAMA_SERVER_FIGURES = ("peer_throughput_c4", "peer_p95_c4")
 OFFLINE_FIGURES = ("offline_vs_limit", "offline_vs_online")
 # --smoke: one option count, 32 (bench.report.SMOKE.option_counts).
 BRANCH_FIGURES = ("option_tree_32", "branches_request_thread_mean", "branches_request_thread_pmi")
+STREAM_FIGURES = ("stream_first_decision",)
 
 
 def test_goals_and_verdicts() -> None:
@@ -219,6 +220,7 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
         + (LLAMA_SERVER_FIGURES if with_llama_server else ())
         + OFFLINE_FIGURES
         + BRANCH_FIGURES
+        + STREAM_FIGURES
     )
     for key, figure in report["figures"].items():
         for field in ("measured", "reference", "ratio"):
@@ -278,6 +280,8 @@ def test_smoke_report_writes_every_figure(tmp_path: Path) -> None:
     assert offline["lines"] == 9
     assert offline["batch_errors"] == 0
     assert offline["details"]["batch_statuses"] == {"200": 9}
+    # Streamed: every streamed result was the whole answer's (else the figure says it failed).
+    assert report["figures"]["stream_first_decision"]["failure"] is None
 
 
 def test_run_selection_flags_that_contradict_are_refused(
