@@ -1,8 +1,8 @@
 """`semif`: ask a decision endpoint from the command line.
 
-    semif decide client/examples/decision.json --url http://127.0.0.1:8080
+    semif decide client/examples/decision.json --url http://127.0.0.1:8080 [--stream]
     semif systemone client/examples/systemone.json --endpoint-name NAME --region REGION
-    semif chat "Say hello in French." --url http://127.0.0.1:8080
+    semif chat "Say hello in French." --url http://127.0.0.1:8080 [--stream]
     semif wait --endpoint-name NAME --region REGION
     semif check --endpoint-name NAME --region REGION [--probe decision|chat]
     semif batch local tickets.jsonl --url http://127.0.0.1:8080 --out answers.jsonl
@@ -202,6 +202,9 @@ def _emit(args: argparse.Namespace, answer: Any, table: Callable[[Any], str]) ->
 
 def _decide(args: argparse.Namespace) -> None:
     body = _read_request(args.file, ("decision", "decisions"))
+    if args.stream:
+        _stream_decide(args, body)
+        return
     answer = _client(args).invoke(body)
 
     def table(answer: dict[str, Any]) -> str:
@@ -209,6 +212,22 @@ def _decide(args: argparse.Namespace) -> None:
         return "\n".join(format_decision(DecisionResult.from_json(r)) for r in results)
 
     _emit(args, answer, table)
+
+
+def _stream_decide(args: argparse.Namespace, body: dict[str, Any]) -> None:
+    """Each decision printed as it arrives (a table row, or with --json its line as the
+    endpoint sent it), then with --json the closing line."""
+    reading = {key: value for key, value in body.items() if key not in ("decision", "decisions")}
+    asked = body["decision"] if "decision" in body else body["decisions"]
+    with _client(args).stream_decide(asked, **reading) as stream:
+        for item in stream:
+            if args.json:
+                line = {"index": item.index, "result": item.result.raw}
+                print(json.dumps(line, ensure_ascii=False), flush=True)
+            else:
+                print(format_decision(item.result), flush=True)
+        if args.json and stream.summary is not None:
+            print(json.dumps(stream.summary.raw, ensure_ascii=False), flush=True)
 
 
 def _systemone(args: argparse.Namespace) -> None:
@@ -229,6 +248,14 @@ def _chat(args: argparse.Namespace) -> None:
         body = {"messages": messages, "temperature": args.temperature}
         if args.max_tokens is not None:
             body["max_tokens"] = args.max_tokens
+    if args.stream:
+        if args.json:
+            raise UsageError("chat --stream prints the text as it comes; --json the whole answer")
+        with _client(args).stream_chat_body(body) as stream:
+            for text in stream:
+                print(text, end="", flush=True)
+        print(flush=True)
+        return
     answer = _client(args).invoke(body)
     _emit(args, answer, lambda raw: str(raw["choices"][0]["message"]["content"]))
 
@@ -487,6 +514,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     decide = commands.add_parser("decide", parents=[target], help="a decision or shared decisions")
     decide.add_argument("file", help='JSON file with "decision" or "decisions"; - for stdin')
+    decide.add_argument(
+        "--stream", action="store_true", help="print each decision as soon as it is scored"
+    )
     decide.set_defaults(run=_decide)
     system_one = commands.add_parser("systemone", parents=[target], help="System One questions")
     system_one.add_argument("file", help="JSON file with state and questions; - for stdin")
@@ -497,6 +527,7 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="a system message to send first")
     chat.add_argument("--max-tokens", type=_positive_int)
     chat.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    chat.add_argument("--stream", action="store_true", help="print the text as it is written")
     chat.set_defaults(run=_chat)
     wait = commands.add_parser("wait", parents=[target], help="wait until the endpoint serves")
     wait.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait")

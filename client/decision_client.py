@@ -9,6 +9,11 @@ time; other answers are never retried. A retry sends back the refusal's `retry_t
 caller's place in the endpoint's retry line, so it is served ahead of newcomers once its
 turn comes. Errors keep the endpoint's message.
 
+Answers can also be read as they are made (`stream_decide`, `stream_chat`: docs/client.md,
+"Streaming"). A stream is retried only until its answer begins, under the same policy: once
+the first piece has been handed over, a retry would hand it over again, so a break after it
+is raised (`StreamError`), never retried.
+
 Only boto3 (SageMaker) or httpx (local URL) is needed: this module never imports llama.cpp.
 
     client = DecisionClient.for_endpoint("semif-decision", region="us-east-1")
@@ -22,9 +27,10 @@ batch paths above (`client.batch_local`, `client.batch_aws`) and the client impo
 only, and each piece reads on its own: `client.transports` (one attempt over HTTP or
 SageMaker), `client.retry` (the policy), `client.error_mapping` (an error answer or a
 SageMaker ModelError -> exception), `client.answers` (2xx bodies -> typed results),
-`client.wire` (content types, header names, `state_first`), `client.errors` (the
-exceptions) and `client.async_endpoint` (a file through the asynchronous endpoint, for
-`batch_async`). Their public names are importable from here as before (`__all__`).
+`client.wire` (content types, header names, `state_first`), `client.streams` (a streamed
+answer's chunks -> lines -> typed items), `client.errors` (the exceptions) and
+`client.async_endpoint` (a file through the asynchronous endpoint, for `batch_async`).
+Their public names are importable from here as before (`__all__`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from client.answers import (
     ChatCompletion,
@@ -49,12 +55,27 @@ from client.answers import (
 from client.async_endpoint import run_async
 from client.aws import aws_client
 from client.error_mapping import RETRY_AFTER_FIELD, RETRY_TOKEN_FIELD, retry_token_of
-from client.errors import BusyError, EndpointError, UnreachableError
+from client.errors import BusyError, EndpointError, StreamError, UnreachableError
 from client.retry import RetryPolicy, parse_retry_after
+from client.streams import (
+    ChatStream,
+    ChatUsage,
+    DecisionStream,
+    DecisionStreamSummary,
+    StreamedDecision,
+)
 from client.summary import Summary
-from client.transports import DEFAULT_TIMEOUT_S, HttpTransport, SageMakerTransport, Transport
+from client.transports import (
+    DEFAULT_TIMEOUT_S,
+    HttpTransport,
+    OpenStream,
+    SageMakerTransport,
+    StreamingTransport,
+    Transport,
+)
 from client.wire import (
     CUSTOM_ATTRIBUTES_HEADER,
+    EVENT_STREAM,
     JSON,
     JSON_LINES,
     PREFIX_AWARE_ID_HEADER,
@@ -76,9 +97,13 @@ __all__ = [
     "RETRY_TOKEN_FIELD",
     "BusyError",
     "ChatCompletion",
+    "ChatStream",
+    "ChatUsage",
     "ChoiceAnswer",
     "DecisionClient",
     "DecisionResult",
+    "DecisionStream",
+    "DecisionStreamSummary",
     "EndpointError",
     "HttpTransport",
     "MultiAnswer",
@@ -86,6 +111,8 @@ __all__ = [
     "RetryPolicy",
     "SageMakerTransport",
     "ScoreAnswer",
+    "StreamError",
+    "StreamedDecision",
     "SystemOneAnswer",
     "SystemOneAnswers",
     "Transport",
@@ -96,6 +123,8 @@ __all__ = [
     "retry_token_of",
     "state_first",
 ]
+
+T = TypeVar("T")
 
 
 class DecisionClient:
@@ -190,14 +219,19 @@ class DecisionClient:
         return answers
 
     def _post(self, payload: bytes, content_type: str) -> Any:
-        """Post under the retry policy, sending back the last refusal's retry token."""
+        """Post under the retry policy."""
+        return self._retrying(lambda token: self.transport.post(payload, token, content_type))
+
+    def _retrying(self, attempt: Callable[[str | None], T]) -> T:
+        """Run `attempt` (given the last refusal's retry token) until it is not busy, under
+        the retry policy."""
         started = self._clock()
         attempts = 0
         token: str | None = None  # the place the last refusal gave, sent back with the retry
         while True:
             attempts += 1
             try:
-                return self.transport.post(payload, token, content_type)
+                return attempt(token)
             except BusyError as error:
                 token = error.retry_token
                 elapsed = self._clock() - started
@@ -254,14 +288,65 @@ class DecisionClient:
     ) -> ChatCompletion:
         """A chat completion by the endpoint's model (greedy unless a temperature is given);
         `options` passes other supported fields (top_p, seed, stop)."""
-        body: dict[str, Any] = {
-            "messages": [dict(m) for m in messages],
-            "temperature": temperature,
-            **options,
-        }
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        return ChatCompletion.from_json(self.invoke(body))
+        return ChatCompletion.from_json(
+            self.invoke(_chat_body(messages, max_tokens, temperature, options))
+        )
+
+    def stream_decide(
+        self,
+        decision_or_decisions: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        **reading: str | float,
+    ) -> DecisionStream:
+        """One decision (a mapping) or decisions about one state (a sequence), each answer
+        handed over as soon as it is scored: `for item in client.stream_decide(...)` yields
+        `StreamedDecision(index, result)` in the order they finish, and the stream's
+        `summary` (model, timing, request id) is set once the iteration has ended.
+        `reading` as for `decide`. Retried like `decide` until the answer begins, never
+        after (module docstring)."""
+        body: dict[str, Any] = dict(reading)
+        if isinstance(decision_or_decisions, Mapping):
+            asked, body["decision"] = 1, dict(decision_or_decisions)
+        else:
+            body["decisions"] = [dict(decision) for decision in decision_or_decisions]
+            asked = len(body["decisions"])
+        opened = self._open_stream(body, JSON_LINES)
+        return DecisionStream(opened.chunks, opened.close, asked)
+
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        include_usage: bool = True,
+        **options: Any,
+    ) -> ChatStream:
+        """`chat`, its text handed over as the model writes it: `for text in
+        client.stream_chat(...)`; the stream's `finish_reason` and `usage` are set once
+        the iteration has ended (`include_usage` asks for the usage)."""
+        body = _chat_body(messages, max_tokens, temperature, options)
+        return self.stream_chat_body(body, include_usage=include_usage)
+
+    def stream_chat_body(
+        self, body: Mapping[str, Any], *, include_usage: bool = True
+    ) -> ChatStream:
+        """Any chat completion body (`messages`, ...) streamed as it is written, as
+        `stream_chat` does; the body is sent as given plus `"stream": true` (and
+        `stream_options`), so a chat request file reads the same streamed or whole."""
+        streamed = {**body, "stream": True}
+        if include_usage:
+            streamed["stream_options"] = {"include_usage": True}
+        opened = self._open_stream(streamed, EVENT_STREAM)
+        return ChatStream(opened.chunks, opened.close)
+
+    def _open_stream(self, body: Mapping[str, Any], accept: str) -> OpenStream:
+        """Open a streamed answer under the retry policy: a busy answer arrives before the
+        stream begins and is retried like any other; once it has begun, nothing is."""
+        transport = self.transport
+        if not isinstance(transport, StreamingTransport):
+            raise ValueError(f"{transport.describe()} cannot stream answers")
+        payload = json.dumps(state_first(body), allow_nan=False).encode()
+        return self._retrying(lambda token: transport.open_stream(payload, token, accept))
 
     def batch_async(
         self,
@@ -306,3 +391,20 @@ class DecisionClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _chat_body(
+    messages: Sequence[Mapping[str, Any]],
+    max_tokens: int | None,
+    temperature: float,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The chat completion body `chat` and `stream_chat` send."""
+    body: dict[str, Any] = {
+        "messages": [dict(m) for m in messages],
+        "temperature": temperature,
+        **options,
+    }
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return body

@@ -55,8 +55,19 @@ def error_from_answer(status: int, text: str, retry_after: str | None) -> Endpoi
         body: Any = json.loads(text)
     except ValueError:
         body = text
+    return error_from_body(status, body, retry_after, text)
+
+
+def error_from_body(
+    status: int, body: Any, retry_after: str | None = None, text: str | None = None
+) -> EndpointError:
+    """`error_from_answer` for a body already parsed: also an error line that ends a
+    streamed answer part-way, which carries its status in the line (the HTTP status was
+    200). `text` is the answer as sent, the message when the body names none."""
     message = body.get("error") if isinstance(body, dict) else None
-    message = message if isinstance(message, str) else text.strip() or f"HTTP {status}"
+    if not isinstance(message, str):
+        shown = text if text is not None else json.dumps(body)
+        message = shown.strip() or f"HTTP {status}"
     refused = isinstance(body, dict) and body.get("retryable") is False
     if status in _RETRYABLE_STATUSES and not refused:
         return BusyError(

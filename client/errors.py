@@ -45,5 +45,18 @@ class UnreachableError(EndpointError):
     """No HTTP answer at all (connection refused, timeout); status is 0."""
 
 
+class StreamError(EndpointError):
+    """A streamed answer broke after its head said 2xx: SageMaker's `ModelStreamError` or
+    `InternalStreamFailure`, a connection lost part-way, or a stream that ended before its
+    closing line. Never retried by the client: what arrived before the break was already
+    handed to the caller, and a second try would hand it over again. `status` is 0 (the
+    HTTP status was a 2xx; nothing answered another); `code` names what happened, e.g.
+    `ModelStreamError`, `InternalStreamFailure`, `StreamCut`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(0, f"{code}: {message}")
+        self.code = code
+
+
 class BatchInputError(ValueError):
     """The input or the part file cannot be used (a usage error for the CLI)."""

@@ -14,6 +14,9 @@ from typing import Any
 
 JSON = "application/json"
 JSON_LINES = "application/jsonlines"  # one request per line (the endpoint's offline form)
+# A streamed chat's answer (Server-Sent Events, OpenAI's chunks); a streamed decision
+# answer is JSON_LINES, asked for with that Accept header.
+EVENT_STREAM = "text/event-stream"
 # A refusal's place in the endpoint's retry line (`client.error_mapping.retry_token_of`) is
 # sent back as `semif-retry-token=<token>` in InvokeEndpoint's CustomAttributes, which
 # SageMaker forwards as the header below (sent as such to a URL).
@@ -25,6 +28,12 @@ PREFIX_AWARE_ID_HEADER = "x-amzn-sagemaker-prefix-aware-id"
 _PREFIX_AWARE_ID = re.compile(r"[!-~][ -~]{0,63}")
 # The keys that hold a state, put first in every body (`state_first`).
 _STATE_KEYS = ("decision", "decisions", "state")
+
+
+def media_type(content_type: str) -> str:
+    """A Content-Type's media type alone, lower case: `text/event-stream; charset=utf-8`
+    -> `text/event-stream`."""
+    return content_type.split(";", 1)[0].strip().lower()
 
 
 def custom_attributes(retry_token: str) -> str:
