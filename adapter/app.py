@@ -35,6 +35,7 @@ from adapter.http import (
     Call,
     accepts_lines,
     answer,
+    as_response_stream,
     as_sagemaker_runtime,
     authenticate,
     content_type_of,
@@ -100,6 +101,9 @@ def create_app(
 
     async def sagemaker_runtime(request: Request) -> Response:
         return as_sagemaker_runtime(await invocations(request))
+
+    async def sagemaker_response_stream(request: Request) -> Response:
+        return as_response_stream(await invocations(request))
 
     def guarded(api: Api) -> Callable[[Request], Any]:
         async def route(request: Request) -> Response:
@@ -179,6 +183,11 @@ def create_app(
             Route("/ping", ping, methods=["GET"]),
             Route("/invocations", invocations, methods=["POST"]),
             Route("/endpoints/{name}/invocations", sagemaker_runtime, methods=["POST"]),
+            Route(
+                "/endpoints/{name}/invocations-response-stream",
+                sagemaker_response_stream,
+                methods=["POST"],
+            ),
             Route("/v1/systemone", guarded("systemone"), methods=["POST"]),
             Route("/v1/chat/completions", guarded("chat"), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),

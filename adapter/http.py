@@ -21,13 +21,13 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from adapter.cancel import Cancellation
 from adapter.errors import (
@@ -40,6 +40,8 @@ from adapter.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from adapter.event_frames import CONTENT_TYPE_HEADER, payload_part
+from adapter.event_frames import MEDIA_TYPE as EVENT_FRAMES
 from adapter.fields import member_path
 from adapter.metrics import Metrics
 from adapter.streaming import LINES_MEDIA_TYPE, EventStream, Streamed
@@ -388,6 +390,35 @@ async def watch_disconnect(request: Request, cancel: Cancellation) -> None:
         if message["type"] == "http.disconnect":
             cancel.set("client_gone")
             return
+
+
+def as_response_stream(response: Response) -> Response:
+    """Answer as SageMaker's InvokeEndpointWithResponseStream does: the container's 2xx
+    body as `PayloadPart` events, each piece framed as it is written, its content type in
+    `X-Amzn-SageMaker-Content-Type` (adapter.event_frames); any other answer as
+    InvokeEndpoint's ModelError (`as_sagemaker_runtime`), as SageMaker answers an error
+    before the stream began."""
+    if response.status_code >= 300:
+        return as_sagemaker_runtime(response)
+    headers = {
+        CONTENT_TYPE_HEADER: response.headers["content-type"],
+        "x-amzn-invoked-production-variant": "AllTraffic",
+        **{name: response.headers[name] for name in ("x-request-id",) if name in response.headers},
+    }
+    if isinstance(response, StreamingResponse):
+        return EventStream(_framed(response.body_iterator), headers, EVENT_FRAMES)
+    return Response(payload_part(bytes(response.body)), media_type=EVENT_FRAMES, headers=headers)
+
+
+async def _framed(chunks: AsyncIterable[str | bytes | memoryview]) -> AsyncGenerator[bytes, None]:
+    """A streamed answer's pieces as PayloadPart events; closing this closes the answer's own
+    events, so the call's end (its log line, its admission) runs as it does unframed."""
+    try:
+        async for chunk in chunks:
+            yield payload_part(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
+    finally:
+        if isinstance(chunks, AsyncGenerator):
+            await chunks.aclose()
 
 
 def as_sagemaker_runtime(response: Response) -> Response:

@@ -356,3 +356,23 @@ def test_the_servers_decision_stream_matches_its_whole_answer(url: str) -> None:
     assert arrived == whole
     assert stream.summary is not None
     assert stream.summary.model["file"] == "tiny.gguf"
+
+
+def test_the_servers_streams_through_boto3_as_sagemaker_frames_them(url: str) -> None:
+    """The real server's `/endpoints/{name}/invocations-response-stream` frames its answer as
+    InvokeEndpointWithResponseStream does (adapter.event_frames): boto3's own client and
+    botocore's EventStream parser read both streams, with the answers the server gives
+    whole; an error before the stream is SageMaker's ModelError, with the container's
+    status."""
+    client = by_endpoint(url)
+    asked = [decision("a"), decision("b", question="Is it urgent?")]
+    whole = {result.id: result.probabilities for result in client.decide_many(asked)}
+    stream = client.stream_decide(asked)
+    assert {item.result.id: item.result.probabilities for item in stream} == whole
+    assert stream.summary is not None
+    messages = [{"role": "user", "content": "Say hello."}]
+    chat = client.stream_chat(messages, max_tokens=12)
+    assert "".join(chat) == client.chat(messages, max_tokens=12).content
+    with pytest.raises(EndpointError) as refused:
+        list(client.stream_decide([decision("a"), decision("a")]))
+    assert refused.value.status == 400

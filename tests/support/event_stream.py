@@ -2,21 +2,15 @@
 body, and InvokeEndpointWithResponseStream's binary event stream, framed as SageMaker
 frames it, since moto has no response stream.
 
-The event stream (AWS's `application/vnd.amazon.eventstream`) is a run of messages, each
-a prelude (total length, headers length, both big-endian uint32, and the CRC32 of those 8
-bytes), the headers (name length, name, type 7 = string, value length, value), the
-payload and the CRC32 of everything before it. For sagemaker-runtime a `PayloadPart`
-event's one member, `Bytes`, is its event payload (a blob): the frame's payload is the raw
-bytes of the container's answer. `ModelStreamError` and `InternalStreamFailure` are
+The event stream's frames are adapter.event_frames' (which the local serve streams with
+too); `ModelStreamError` and `InternalStreamFailure`, which only SageMaker sends, are
 exception messages whose payload is their JSON members. The real boto3 client pointed at
 the server (`endpoint_url`) parses them with botocore's own `EventStream`."""
 
 from __future__ import annotations
 
-import binascii
 import itertools
 import json
-import struct
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,35 +22,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from adapter.event_frames import MEDIA_TYPE, frame, payload_part
 from tests.support.live_server import live_server
 from tests.support.scripted_endpoint import Answer
 
-EVENT_STREAM = "application/vnd.amazon.eventstream"
-_STRING = 7  # the header value type of a string
-
-
-def frame(headers: Mapping[str, str], payload: bytes) -> bytes:
-    """One event-stream message."""
-    encoded = b"".join(
-        struct.pack("!B", len(name))
-        + name.encode()
-        + struct.pack("!BH", _STRING, len(value))
-        + value.encode()
-        for name, value in headers.items()
-    )
-    total = 12 + len(encoded) + len(payload) + 4
-    prelude = struct.pack("!II", total, len(encoded))
-    message = prelude + struct.pack("!I", binascii.crc32(prelude)) + encoded + payload
-    return message + struct.pack("!I", binascii.crc32(message))
-
-
-def payload_part(data: bytes) -> bytes:
-    headers = {
-        ":event-type": "PayloadPart",
-        ":message-type": "event",
-        ":content-type": "application/octet-stream",
-    }
-    return frame(headers, data)
+EVENT_STREAM = MEDIA_TYPE
 
 
 def stream_exception(kind: str, **members: str) -> bytes:
