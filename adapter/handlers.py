@@ -61,14 +61,7 @@ async def decide_parsed(
     """`decide` after validation (adapter.lines also scores decisions it merged by state)."""
     async with runtime.admit() as service:
         scored = await anyio.to_thread.run_sync(
-            lambda: decisions.decide(
-                service,
-                request.decisions,
-                request.mode,
-                request.policy,
-                cancel,
-                retry_token=retry_token,
-            )
+            lambda: _decide(service, request, cancel, retry_token, None)
         )
     results = scored["results"]
     log = _decided(runtime, service, request, scored, request_id)
@@ -77,6 +70,26 @@ async def decide_parsed(
     )
     response.update(model=service.model, timing=scored["timing"], request_id=request_id)
     return response, log
+
+
+def _decide(
+    service: DecisionService,
+    request: DecisionRequest,
+    cancel: Cancellation,
+    retry_token: str | None,
+    on_result: decisions.ResultObserver | None,
+) -> dict[str, Any]:
+    """The request's decisions scored (on a request thread); `on_result` hears a streamed
+    one's results as they are ready."""
+    return decisions.decide(
+        service,
+        request.decisions,
+        request.mode,
+        request.policy,
+        cancel,
+        retry_token=retry_token,
+        on_result=on_result,
+    )
 
 
 def _decided(
@@ -121,15 +134,10 @@ async def decide_streamed(
     service = await admitted.enter_async_context(runtime.admit())
 
     def produce(put: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-        return decisions.decide(
-            service,
-            request.decisions,
-            request.mode,
-            request.policy,
-            cancel,
-            retry_token=retry_token,
-            on_result=lambda index, result: put({"index": index, "result": result}),
-        )
+        def told(index: int, result: dict[str, Any]) -> None:
+            put({"index": index, "result": result})
+
+        return _decide(service, request, cancel, retry_token, told)
 
     feed = Feed(produce, cancel)
     first = await _first(feed, admitted)
