@@ -5,7 +5,9 @@ depends on the endpoint, so it runs once the endpoint is InService, and again wh
 endpoint's config or image changes (its properties name them). The handler
 (`endpoint_probe/handler.py`) sends the request body it is given (the stacks pass the same
 files `semif check` sends, `client/examples/check-*.json`) and checks the answer as the
-probe kind asks.
+probe kind asks. An endpoint whose model is an inference component is invoked through it
+(`InferenceComponentName`), and checked again whenever the component's model changes: a
+new image or model changes the component, not the endpoint config.
 
 The decision check then waits up to `SERIES_WAIT` for the endpoint's container series to
 reach CloudWatch, and warns in its result (never fails) when they do not: PromQL alarms
@@ -104,17 +106,22 @@ class EndpointCheck(Construct):
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             description=f"Invokes {endpoint.endpoint_name} once after a deploy",
         )
+        component = endpoint.inference_component_name
+        invoked = [("endpoint", endpoint.endpoint_name)]
+        if component is not None:
+            invoked.append(("inference-component", component))
         role.add_to_policy(
             iam.PolicyStatement(
                 actions=["sagemaker:InvokeEndpoint"],
                 resources=[
                     stack.format_arn(
                         service="sagemaker",
-                        resource="endpoint",
-                        # SageMaker endpoint ARNs carry the name in lower case.
-                        resource_name=endpoint.endpoint_name.lower(),
+                        resource=kind,
+                        # SageMaker ARNs carry the name in lower case.
+                        resource_name=name.lower(),
                         arn_format=ArnFormat.SLASH_RESOURCE_NAME,
                     )
+                    for kind, name in invoked
                 ],
             )
         )
@@ -172,9 +179,12 @@ class EndpointCheck(Construct):
                 # A new config (image, model, settings) is a new name: the check runs again.
                 "EndpointConfigName": endpoint.endpoint_config.attr_endpoint_config_name,
                 **series,
+                **_component_properties(endpoint),
             },
         )
         self.resource.node.add_dependency(endpoint.endpoint)
+        if endpoint.inference_component is not None:
+            self.resource.node.add_dependency(endpoint.inference_component)
         if probe is Probe.DECISION:
             resource = self.resource.node.default_child
             assert isinstance(resource, CfnResource)
@@ -184,3 +194,12 @@ class EndpointCheck(Construct):
     @property
     def result(self) -> str:
         return self.resource.get_att_string("Result")
+
+
+def _component_properties(endpoint: SageMakerEndpoint) -> dict[str, str]:
+    """The component to invoke through, and its model: a new model (image, artifact,
+    settings) is a new name, so the check runs again after the component's update."""
+    component = endpoint.inference_component_name
+    if component is None:
+        return {}
+    return {"InferenceComponentName": component, "ModelName": endpoint.model.attr_model_name}

@@ -22,9 +22,13 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 from cdk_constructs.endpoint_operations import (
+    COMPONENT_NAMESPACE,
+    COPY_SAMPLE_METRIC,
     INSTANCE_NAMESPACE,
     INVOCATION_NAMESPACE,
+    NO_CAPACITY_METRIC,
     SIGNAL_WINDOW,
+    component_dimensions,
     endpoint_selector,
     median_allowed_token_mass,
     refused_share,
@@ -114,7 +118,13 @@ def standard_queries(endpoint_name: str) -> dict[str, str]:
 
 class EndpointDashboard(Construct):
     """The dashboard `endpoint_name` gets: three graphs of SageMaker's own metrics, an
-    instance count, the alarms' states, and the container's PromQL (`queries`, by title)."""
+    instance count, the alarms' states, and the container's PromQL (`queries`, by title).
+
+    With `inference_component_name` (the model is that component, scaled to zero when
+    idle) a row for its copies: how many run (the samples a minute of each copy's
+    `CPUUtilizationNormalized`, one per copy), the calls refused for want of one
+    (`NoCapacityInvocationFailures`: how long a wake-up took is the run of minutes with
+    refusals), and the requests per copy its target tracking reads."""
 
     def __init__(
         self,
@@ -124,6 +134,7 @@ class EndpointDashboard(Construct):
         endpoint_name: str,
         alarms: Sequence[cloudwatch.IAlarm],
         queries: Mapping[str, str],
+        inference_component_name: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         dimensions = {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}
@@ -174,9 +185,36 @@ class EndpointDashboard(Construct):
         notes = cloudwatch.TextWidget(
             markdown="\n".join(lines), width=WIDTH, height=2 + len(queries)
         )
+        rows: list[list[cloudwatch.IWidget]] = [[traffic, latency, instances]]
+        if inference_component_name is not None:
+            copies = component_dimensions(inference_component_name)
+            rows.append(
+                [
+                    graph(
+                        "Copies, and calls refused without one (wake-ups)",
+                        sagemaker_metric(
+                            COMPONENT_NAMESPACE, COPY_SAMPLE_METRIC, copies, "SampleCount", "copies"
+                        ),
+                        sagemaker_metric(
+                            INVOCATION_NAMESPACE,
+                            NO_CAPACITY_METRIC,
+                            copies,
+                            "Sum",
+                            "calls refused: no copy (NoCapacityInvocationFailures)",
+                        ),
+                        sagemaker_metric(
+                            INVOCATION_NAMESPACE,
+                            "ConcurrentRequestsPerCopy",
+                            copies,
+                            "Maximum",
+                            "requests per copy (max)",
+                        ),
+                    )
+                ]
+            )
         self.dashboard = cloudwatch.Dashboard(
             self,
             "Dashboard",
             dashboard_name=endpoint_name,
-            widgets=[[traffic, latency, instances], [alarm_states], [notes]],
+            widgets=[*rows, [alarm_states], [notes]],
         )

@@ -11,10 +11,14 @@ page only, do watch it: there it says whether the candidate keeps up, `EndpointA
 An asynchronous endpoint scales
 on its queue instead, down to zero instances, rolls back on failed invocations, and alarms
 on the age of its oldest queued request (`AsyncEndpointAutoscaling`, `AsyncEndpointAlarms`).
+A real-time endpoint whose model is an inference component scales its copies instead, down
+to zero after an idle spell and up again from a refused call, and pages when a wake-up
+takes longer than a start should (`ScaleToZero`, `InferenceComponentAutoscaling`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -99,12 +103,32 @@ def variant_target(
     scope: Construct, endpoint: SageMakerEndpoint, *, min_capacity: int, max_capacity: int
 ) -> appscaling.ScalableTarget:
     """The variant's instance count as an Application Auto Scaling target (id `Target`)."""
+    return _sagemaker_target(
+        scope,
+        resource_id=f"endpoint/{endpoint.endpoint_name}/variant/{endpoint.variant_name}",
+        dimension="sagemaker:variant:DesiredInstanceCount",
+        min_capacity=min_capacity,
+        max_capacity=max_capacity,
+        scaled=endpoint.endpoint,
+    )
+
+
+def _sagemaker_target(
+    scope: Construct,
+    *,
+    resource_id: str,
+    dimension: str,
+    min_capacity: int,
+    max_capacity: int,
+    scaled: Construct,
+) -> appscaling.ScalableTarget:
+    """A SageMaker scalable target (id `Target`), registered once `scaled` exists."""
     target = appscaling.ScalableTarget(
         scope,
         "Target",
         service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
-        resource_id=f"endpoint/{endpoint.endpoint_name}/variant/{endpoint.variant_name}",
-        scalable_dimension="sagemaker:variant:DesiredInstanceCount",
+        resource_id=resource_id,
+        scalable_dimension=dimension,
         min_capacity=min_capacity,
         max_capacity=max_capacity,
     )
@@ -114,9 +138,23 @@ def variant_target(
     assert isinstance(cfn_target, appscaling.CfnScalableTarget)
     cfn_target.add_property_deletion_override("RoleARN")
     target.node.try_remove_child("Role")
-    # The variant must exist before Application Auto Scaling can register it.
-    target.node.add_dependency(endpoint.endpoint)
+    # The variant (or component) must exist before Application Auto Scaling can register it.
+    target.node.add_dependency(scaled)
     return target
+
+
+def track_concurrency(
+    target: appscaling.ScalableTarget, metric: appscaling.PredefinedMetric, value: float
+) -> None:
+    """Target tracking (`Tracking`) of `value` requests in flight per instance or copy:
+    out within a minute, in after 5 quiet ones."""
+    target.scale_to_track_metric(
+        "Tracking",
+        predefined_metric=metric,
+        target_value=value,
+        scale_in_cooldown=Duration.minutes(5),
+        scale_out_cooldown=Duration.minutes(1),
+    )
 
 
 class EndpointAutoscaling(Construct):
@@ -144,13 +182,7 @@ class EndpointAutoscaling(Construct):
         self.target = variant_target(
             self, endpoint, min_capacity=settings.min_capacity, max_capacity=settings.max_capacity
         )
-        self.target.scale_to_track_metric(
-            "Tracking",
-            predefined_metric=CONCURRENCY_METRIC,
-            target_value=target_concurrency,
-            scale_in_cooldown=Duration.minutes(5),
-            scale_out_cooldown=Duration.minutes(1),
-        )
+        track_concurrency(self.target, CONCURRENCY_METRIC, target_concurrency)
 
 
 class EndpointAlarms(Construct):
@@ -167,6 +199,11 @@ class EndpointAlarms(Construct):
     `max_latency_seconds` adds a `ModelLatency` p90 alarm, for a shadow variant: its answers
     reach no caller, so only its metrics say whether it would keep up with the traffic it
     shadows (a shadow's alarms page and never roll anything back).
+
+    `inference_component_name`: the model is that inference component, whose invocation
+    metrics SageMaker publishes under `InferenceComponentName`, so the 5XX rate (still the
+    rollback alarm, now of the component's rolling updates) reads those; the instances'
+    health stays the variant's.
     """
 
     def __init__(
@@ -181,8 +218,13 @@ class EndpointAlarms(Construct):
         instance_types: Sequence[str] = (),
         variant_name: str = VARIANT_NAME,
         max_latency_seconds: float | None = None,
+        inference_component_name: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        require(
+            inference_component_name is None or not instance_types,
+            "alarms: an inference component on instance pools",
+        )
         require(
             max_latency_seconds is None or max_latency_seconds > 0,
             f"alarms max_latency_seconds: {max_latency_seconds} must be > 0",
@@ -205,7 +247,12 @@ class EndpointAlarms(Construct):
                 prefix,
                 label,
                 [
-                    _five_xx_check(dimensions, thresholds.five_xx_rate_percent),
+                    _five_xx_check(
+                        dimensions
+                        if inference_component_name is None
+                        else component_dimensions(inference_component_name),
+                        thresholds.five_xx_rate_percent,
+                    ),
                     *_health_checks(dimensions, thresholds, gpu),
                     *latency,
                 ],
@@ -240,6 +287,12 @@ def _notify(alarms: Sequence[cloudwatch.AlarmBase], topic: sns.ITopic) -> None:
     for alarm in alarms:
         alarm.add_alarm_action(action)
         alarm.add_ok_action(action)
+
+
+def component_dimensions(inference_component_name: str) -> dict[str, str]:
+    """The dimensions of an inference component's metrics (AWS/SageMaker's invocation
+    metrics, `/aws/sagemaker/InferenceComponents`' utilization)."""
+    return {"InferenceComponentName": inference_component_name}
 
 
 def _five_xx_check(dimensions: dict[str, str], percent: float) -> Check:
@@ -383,26 +436,209 @@ class AsyncEndpointAutoscaling(Construct):
             scale_in_cooldown=ASYNC_SCALE_IN_COOLDOWN,
             scale_out_cooldown=ASYNC_SCALE_OUT_COOLDOWN,
         )
-        from_zero = appscaling.StepScalingAction(
-            self,
-            "FromZero",
-            scaling_target=self.target,
-            adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-            metric_aggregation_type=appscaling.MetricAggregationType.AVERAGE,
-            cooldown=Duration.seconds(startup_seconds),
-        )
-        from_zero.add_adjustment(adjustment=1, lower_bound=0)
-        self.wake_alarm = cloudwatch.Alarm(
+        self.wake_alarm = _wake_from_zero(
             self,
             "BacklogWithoutCapacity",
-            alarm_description=f"{name}: requests wait and no instance runs; start one",
+            target=self.target,
+            description=f"{name}: requests wait and no instance runs; start one",
             metric=_queue_metric(name, BACKLOG_WITHOUT_CAPACITY_METRIC, "Average"),
+            aggregation=appscaling.MetricAggregationType.AVERAGE,
+            startup_seconds=startup_seconds,
+        )
+
+
+def _wake_from_zero(
+    scope: Construct,
+    alarm_id: str,
+    *,
+    target: appscaling.ScalableTarget,
+    description: str,
+    metric: cloudwatch.IMetric,
+    aggregation: appscaling.MetricAggregationType,
+    startup_seconds: int,
+) -> cloudwatch.Alarm:
+    """+1 capacity (step policy `FromZero`) as soon as `metric` reads 1 for a minute, the
+    way out of zero that target tracking cannot take (it has nothing to divide by there).
+    Its cooldown is the start-up timeout: the alarm stays in ALARM while the first
+    instance or copy starts, and a second +1 then would start another for the same need."""
+    from_zero = appscaling.StepScalingAction(
+        scope,
+        "FromZero",
+        scaling_target=target,
+        adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+        metric_aggregation_type=aggregation,
+        cooldown=Duration.seconds(startup_seconds),
+    )
+    from_zero.add_adjustment(adjustment=1, lower_bound=0)
+    alarm = cloudwatch.Alarm(
+        scope,
+        alarm_id,
+        alarm_description=description,
+        metric=metric,
+        threshold=1,
+        comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        evaluation_periods=1,
+        treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+    )
+    alarm.add_alarm_action(cloudwatch_actions.ApplicationScalingAction(from_zero))
+    return alarm
+
+
+# An inference component's invocation metrics (AWS/SageMaker, dimension
+# InferenceComponentName): calls refused because the component has no copy, its calls, and
+# the requests per copy target tracking reads; and one utilization metric of each copy
+# (/aws/sagemaker/InferenceComponents), whose samples a minute count the copies running.
+NO_CAPACITY_METRIC = "NoCapacityInvocationFailures"
+COMPONENT_NAMESPACE = "/aws/sagemaker/InferenceComponents"
+COPY_SAMPLE_METRIC = "CPUUtilizationNormalized"
+# Target tracking on the high-resolution per-copy concurrency scales in only after 15
+# minutes of readings below target (90 ten-second points, Application Auto Scaling's own
+# scale-in alarm), and an idle component reads 0: past 15 minutes it reaches zero copies
+# first, so a longer idle period could never be the one that applies.
+MAX_IDLE_MINUTES = 15
+# An instance to start before the copy's own start (the component's start-up timeouts),
+# and the minute the wake alarm and its policy take.
+INSTANCE_START_MINUTES = 5
+_METRICS = appscaling.PredefinedMetric
+CONCURRENCY_PER_COPY_METRIC = (
+    _METRICS.SAGEMAKER_INFERENCE_COMPONENT_CONCURRENT_REQUESTS_PER_COPY_HIGH_RESOLUTION
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleToZero:
+    """Serve the model as an inference component that scales to zero copies (and the
+    endpoint to zero instances) once no call has come for `idle_minutes`, and back to one
+    copy when a call finds none."""
+
+    idle_minutes: int = 10
+
+    def __post_init__(self) -> None:
+        require(
+            1 <= self.idle_minutes <= MAX_IDLE_MINUTES,
+            f"scale_to_zero.idle_minutes: {self.idle_minutes} is outside 1..{MAX_IDLE_MINUTES}; "
+            f"target tracking's own scale-in takes an idle component to zero after "
+            f"{MAX_IDLE_MINUTES} minutes",
+        )
+
+
+def wake_minutes(startup_seconds: int) -> int:
+    """How long a wake-up from zero may take: the alarm and its policy, an instance's
+    start, then the copy's model download and health check (`startup_seconds`)."""
+    return 1 + INSTANCE_START_MINUTES + math.ceil(startup_seconds / 60)
+
+
+class InferenceComponentAutoscaling(Construct):
+    """Scale `endpoint`'s inference component between zero and `max_copies` copies (the
+    variant's managed instance scaling follows: no copy, no instance).
+
+    While calls come, target tracking keeps `target_concurrency` requests per copy
+    (`SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution`: the per-copy
+    counterpart of the variant metric the instance-based endpoint tracks, published every
+    10 s). After `settings.idle_minutes` without a call a step policy (`ToZero`) sets zero
+    copies; its alarm adds the calls refused for lack of capacity to the calls answered,
+    so a wake-up in progress is never taken for idleness. At zero a call is refused
+    (`NoCapacityInvocationFailures`), and a step policy adds one copy (`FromZero`). A
+    wake-up that takes longer than `wake_minutes` pages (`NotWaking`, in `alarms`).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        endpoint: SageMakerEndpoint,
+        settings: ScaleToZero,
+        max_copies: int,
+        target_concurrency: float,
+        startup_seconds: int,
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        component = endpoint.inference_component
+        require(
+            component is not None and component.inference_component_name is not None,
+            f"{endpoint.endpoint_name}: scaling copies needs an inference component",
+        )
+        assert component is not None
+        assert component.inference_component_name is not None
+        require(max_copies >= 1, f"inference component max_copies: {max_copies} < 1")
+        require(
+            target_concurrency > 0,
+            f"inference component target_concurrency: {target_concurrency} must be > 0",
+        )
+        name = component.inference_component_name
+        dimensions = component_dimensions(name)
+
+        def metric(metric_name: str) -> cloudwatch.Metric:
+            return sagemaker_metric(INVOCATION_NAMESPACE, metric_name, dimensions, "Sum")
+
+        self.target = _sagemaker_target(
+            self,
+            resource_id=f"inference-component/{name}",
+            dimension="sagemaker:inference-component:DesiredCopyCount",
+            min_capacity=0,
+            max_capacity=max_copies,
+            scaled=component,
+        )
+        track_concurrency(self.target, CONCURRENCY_PER_COPY_METRIC, target_concurrency)
+        self.wake_alarm = _wake_from_zero(
+            self,
+            "NoCapacity",
+            target=self.target,
+            description=f"{name}: a call found no copy; start one",
+            metric=metric(NO_CAPACITY_METRIC),
+            aggregation=appscaling.MetricAggregationType.MAXIMUM,
+            startup_seconds=startup_seconds,
+        )
+        to_zero = appscaling.StepScalingAction(
+            self,
+            "ToZero",
+            scaling_target=self.target,
+            adjustment_type=appscaling.AdjustmentType.EXACT_CAPACITY,
+            metric_aggregation_type=appscaling.MetricAggregationType.MAXIMUM,
+            cooldown=Duration.minutes(settings.idle_minutes),
+        )
+        to_zero.add_adjustment(adjustment=0, upper_bound=0)
+        calls = cloudwatch.MathExpression(
+            expression="FILL(answered, 0) + FILL(refused, 0)",
+            using_metrics={
+                "answered": metric("Invocations"),
+                "refused": metric(NO_CAPACITY_METRIC),
+            },
+            period=PERIOD,
+            label="calls, answered or refused for lack of capacity",
+        )
+        self.idle_alarm = cloudwatch.Alarm(
+            self,
+            "Idle",
+            alarm_description=f"{name}: no call for {settings.idle_minutes} minutes; "
+            "stop every copy",
+            metric=calls,
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=settings.idle_minutes,
+            datapoints_to_alarm=settings.idle_minutes,
+            # No datapoint at all is the idlest minute there is.
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+        self.idle_alarm.add_alarm_action(cloudwatch_actions.ApplicationScalingAction(to_zero))
+        minutes = wake_minutes(startup_seconds)
+        not_waking = cloudwatch.Alarm(
+            self,
+            "NotWaking",
+            alarm_description=f"{name}: calls refused for lack of capacity in each of "
+            f"{minutes} minutes; a wake-up takes at most that long (instance start, model "
+            "download, health check)",
+            metric=metric(NO_CAPACITY_METRIC),
             threshold=1,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            evaluation_periods=1,
+            evaluation_periods=minutes,
+            datapoints_to_alarm=minutes,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        self.wake_alarm.add_alarm_action(cloudwatch_actions.ApplicationScalingAction(from_zero))
+        self.alarms = [not_waking]
+        _notify(self.alarms, topic)
 
 
 class AsyncEndpointAlarms(Construct):

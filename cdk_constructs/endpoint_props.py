@@ -2,11 +2,12 @@
 
 Where the variant runs (`CpuPlacement`, `GpuPlacement`), the optional VPC
 (`NetworkSettings`), the blue/green update policy (`Rollout`), the published metrics
-(`Observability`), the router (`PrefixAwareRouting`, `LeastOutstandingRouting`) and the
-asynchronous mode (`AsyncInference`). They live apart from the construct, which reads
-them, so an environment's config (`stacks/config.py`) builds and checks them without it.
-The limits are SageMaker's (botocore's service model), so a bad value fails `cdk synth`
-rather than the deploy.
+(`Observability`), the router (`PrefixAwareRouting`, `LeastOutstandingRouting`), the
+asynchronous mode (`AsyncInference`) and the model as an inference component on instances
+SageMaker starts and stops itself (`InferenceComponentHosting`). They live apart from the
+construct, which reads them, so an environment's config (`stacks/config.py`) builds and
+checks them without it. The limits are SageMaker's (botocore's service model), so a bad
+value fails `cdk synth` rather than the deploy.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ LEAST_OUTSTANDING_REQUESTS = "LEAST_OUTSTANDING_REQUESTS"
 ASYNC_INVOCATIONS_PER_INSTANCE = (1, 1000)
 # botocore: ProductionVariant.VariantName (ModelVariantName), at most 63 characters.
 _VARIANT_NAME = re.compile(r"^[a-zA-Z0-9](?:[-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?$")
+# botocore: InferenceComponentComputeResourceRequirements' NumberOfCpuCores (>= 0.25) and
+# MemoryInMb (>= 128); ManagedInstanceScalingMaxInstanceCount (>= 1).
+_MIN_COPY_CORES = 0.25
+_MIN_COPY_MEMORY_MIB = 128
 # A key prefix in the artifact bucket: relative, ending in "/", no wildcard or odd characters.
 _KEY_PREFIX = re.compile(r"^(?:[a-z0-9][a-z0-9._-]*/)+$")
 
@@ -237,6 +242,35 @@ class Rollout:
             else None,
         )
 
+    def inference_component_deployment_config(
+        self, alarm_names: Sequence[str]
+    ) -> sagemaker.CfnInferenceComponent.InferenceComponentDeploymentConfigProperty:
+        """The same bake, timeout and rollback alarms for an inference component, whose
+        updates roll one copy at a time (RollingUpdatePolicy) instead of shifting traffic
+        between fleets: a rollout that shifts traffic (canary, linear) has no meaning there,
+        so only ALL_AT_ONCE is taken. A rollback brings the old copies back all at once
+        (RollbackMaximumBatchSize unset: 100 %, SageMaker's blue/green rollback)."""
+        require(
+            self.traffic is TrafficShift.ALL_AT_ONCE,
+            f"rollout: {self.traffic.value} on an inference component, which updates in "
+            "rolling batches of one copy; give ALL_AT_ONCE",
+        )
+        component = sagemaker.CfnInferenceComponent
+        return component.InferenceComponentDeploymentConfigProperty(
+            rolling_update_policy=component.InferenceComponentRollingUpdatePolicyProperty(
+                maximum_batch_size=component.InferenceComponentCapacitySizeProperty(
+                    type="COPY_COUNT", value=1
+                ),
+                wait_interval_in_seconds=self.wait_interval_seconds,
+                maximum_execution_timeout_in_seconds=self.maximum_execution_timeout_seconds,
+            ),
+            auto_rollback_configuration=component.AutoRollbackConfigurationProperty(
+                alarms=[component.AlarmProperty(alarm_name=name) for name in alarm_names]
+            )
+            if alarm_names
+            else None,
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class Observability:
@@ -393,3 +427,68 @@ class ShadowVariant:
     @property
     def weight(self) -> float:
         return self.sampling_percentage / 100
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceComponentHosting:
+    """Serve the model as an inference component (`component_name`, fixed so scaling and
+    alarms can name it) on a variant whose instances SageMaker starts and stops itself
+    (ManagedInstanceScaling, between 0 and `max_instance_count`), so the endpoint can hold
+    no instance at all while the component has no copy.
+
+    One copy asks `cpu_cores` and `memory_mib` of an instance (ComputeResourceRequirements:
+    what SageMaker places copies by; `NumberOfCpuCoresRequired`, `MinMemoryRequiredInMb`)
+    and `accelerators` GPUs (none on CPU). A deploy starts `initial_copy_count` copies;
+    scaling (`InferenceComponentAutoscaling`) moves the count afterwards, down to zero.
+    """
+
+    component_name: str
+    cpu_cores: float
+    memory_mib: int
+    max_instance_count: int
+    initial_copy_count: int = 1
+    accelerators: int = 0
+
+    def __post_init__(self) -> None:
+        require(
+            bool(_VARIANT_NAME.fullmatch(self.component_name)),
+            f"inference_component.component_name: {self.component_name!r} is not a "
+            "SageMaker inference component name (letters, digits, inner hyphens, at most 63)",
+        )
+        require(
+            self.cpu_cores >= _MIN_COPY_CORES,
+            f"inference_component.cpu_cores: {self.cpu_cores:g} < {_MIN_COPY_CORES:g}",
+        )
+        require(
+            self.memory_mib >= _MIN_COPY_MEMORY_MIB,
+            f"inference_component.memory_mib: {self.memory_mib} < {_MIN_COPY_MEMORY_MIB}",
+        )
+        require(
+            1 <= self.initial_copy_count <= self.max_instance_count,
+            f"inference_component: need 1 <= initial_copy_count ({self.initial_copy_count}) "
+            f"<= max_instance_count ({self.max_instance_count}); one copy fills an instance",
+        )
+        require(
+            self.accelerators >= 0,
+            f"inference_component.accelerators: {self.accelerators} < 0",
+        )
+
+    def managed_instance_scaling(
+        self,
+    ) -> sagemaker.CfnEndpointConfig.ManagedInstanceScalingProperty:
+        """The variant's instances follow the copies, down to none: SageMaker starts one
+        when a copy has nowhere to go and stops one that holds no copy."""
+        return sagemaker.CfnEndpointConfig.ManagedInstanceScalingProperty(
+            status="ENABLED", min_instance_count=0, max_instance_count=self.max_instance_count
+        )
+
+    def compute_resource_requirements(
+        self,
+    ) -> sagemaker.CfnInferenceComponent.InferenceComponentComputeResourceRequirementsProperty:
+        return (
+            sagemaker.CfnInferenceComponent.InferenceComponentComputeResourceRequirementsProperty(
+                number_of_cpu_cores_required=self.cpu_cores,
+                min_memory_required_in_mb=self.memory_mib,
+                number_of_accelerator_devices_required=self.accelerators or None,
+            )
+        )

@@ -10,7 +10,9 @@ endpoint's alarms fires. A real-time endpoint may carry a shadow variant (`Shado
 a second model that SageMaker sends a copy of a share of the requests and whose answers
 it discards. The same construct builds an asynchronous endpoint (`AsyncInference`):
 requests and answers in S3, outcomes on SNS; and its role may be opened to batch
-transform jobs (`role.allow_batch_transform`). The props are in
+transform jobs (`role.allow_batch_transform`). A real-time endpoint may instead serve its
+model as an inference component (`InferenceComponentHosting`), whose copies scale to
+zero and whose instances follow them. The props are in
 `endpoint_props.py`, the role and its grants in `execution_role.py`.
 """
 
@@ -30,6 +32,7 @@ from cdk_constructs.endpoint_props import (
     AsyncInference,
     CpuPlacement,
     GpuPlacement,
+    InferenceComponentHosting,
     NetworkSettings,
     Observability,
     Placement,
@@ -43,6 +46,7 @@ from cdk_constructs.nag import acknowledge
 from cdk_constructs.validation import require
 
 VARIANT_NAME = "AllTraffic"
+_ComponentDeployment = sagemaker.CfnInferenceComponent.InferenceComponentDeploymentConfigProperty
 # botocore's sagemaker service model: AlarmList max 10.
 MAX_ROLLBACK_ALARMS = 10
 
@@ -68,6 +72,15 @@ class SageMakerEndpoint(Construct):
     keeping the current count. `shadow` adds a shadow variant on the same role, network and
     routing: only under ShadowProductionVariants, so it never answers a caller, and
     neither `variant_name` (what scaling and alarms target) nor the rollback alarms are its.
+
+    `inference_component` hosts the model as `AWS::SageMaker::InferenceComponent` instead:
+    the variant names no model and lets SageMaker manage its instances (from none up), the
+    config carries what a model otherwise gives the endpoint (the role, network isolation,
+    the VPC), the start-up timeouts move to the component, and updates roll out through the
+    component's own DeploymentConfig with the rollback alarms: a new model, image or
+    environment changes the component, not the endpoint config, so an endpoint
+    DeploymentConfig would never see them. Not with a shadow (ShadowProductionVariants
+    name a model per variant) or an asynchronous endpoint.
     """
 
     def __init__(
@@ -91,8 +104,21 @@ class SageMakerEndpoint(Construct):
         async_inference: AsyncInference | None = None,
         retain_variant_properties: bool = True,
         shadow: ShadowVariant | None = None,
+        inference_component: InferenceComponentHosting | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        if inference_component is not None:
+            require(
+                shadow is None and async_inference is None,
+                f"{endpoint_name}: an inference component with a shadow variant or an "
+                "asynchronous config; SageMaker hosts inference components on real-time "
+                "variants without a model of their own",
+            )
+            require(
+                isinstance(placement, CpuPlacement),
+                f"{endpoint_name}: an inference component on GPU pools; its one "
+                "Specification is sized for one instance type",
+            )
         require(
             len(rollback_alarms) <= MAX_ROLLBACK_ALARMS,
             f"{endpoint_name}: {len(rollback_alarms)} rollback alarms; SageMaker takes at "
@@ -102,7 +128,7 @@ class SageMakerEndpoint(Construct):
             rollout is not None or not rollback_alarms,
             f"{endpoint_name}: rollback alarms need a rollout (its DeploymentConfig)",
         )
-        if rollout is not None:
+        if rollout is not None and inference_component is None:
             rollout.check_capacity(initial_instance_count, f"{endpoint_name} rollout")
         if shadow is not None:
             require(
@@ -160,18 +186,22 @@ class SageMakerEndpoint(Construct):
         volume_key = all(
             isinstance(each, CpuPlacement) and not each.has_instance_storage for each in placements
         )
+        hosted = inference_component is not None
         self.endpoint_config = sagemaker.CfnEndpointConfig(
             self,
             "Config",
             production_variants=[
                 _production_variant(
                     variant_name=VARIANT_NAME,
-                    model_name=self.model.attr_model_name,
+                    model_name=None if hosted else self.model.attr_model_name,
                     placement=placement,
                     initial_instance_count=initial_instance_count,
                     weight=1.0,
-                    startup_timeout_seconds=startup_timeout_seconds,
+                    startup_timeout_seconds=None if hosted else startup_timeout_seconds,
                     routing=routing,
+                    managed_scaling=None
+                    if inference_component is None
+                    else inference_component.managed_instance_scaling(),
                 )
             ],
             shadow_production_variants=shadow_variants,
@@ -182,6 +212,11 @@ class SageMakerEndpoint(Construct):
             # Instances with local NVMe storage (every GPU pool type, CPU `*d.*` types)
             # reject a volume key.
             kms_key_id=model.key.key_arn if volume_key else None,
+            # Hosting components, the endpoint itself runs as the role and in the network
+            # the model would otherwise give it.
+            execution_role_arn=self.role.role_arn if hosted else None,
+            enable_network_isolation=True if hosted else None,
+            vpc_config=None if network is None or not hosted else _endpoint_vpc(network),
         )
         if not volume_key:
             acknowledge(
@@ -199,12 +234,60 @@ class SageMakerEndpoint(Construct):
             # By default a deploy keeps the instance count autoscaling chose (and the weight).
             retain_all_variant_properties=retain_variant_properties,
             deployment_config=None
-            if rollout is None
+            if rollout is None or hosted
             else rollout.deployment_config([alarm.alarm_name for alarm in rollback_alarms]),
         )
         self.endpoint.node.add_dependency(self.log_group)
+        self.inference_component: sagemaker.CfnInferenceComponent | None = None
+        if inference_component is not None:
+            self.inference_component = self._inference_component(
+                inference_component,
+                startup_timeout_seconds=startup_timeout_seconds,
+                deployment_config=None
+                if rollout is None
+                else rollout.inference_component_deployment_config(
+                    [alarm.alarm_name for alarm in rollback_alarms]
+                ),
+            )
         if async_inference is not None:
             self.role.allow_async_inference(async_inference)
+
+    @property
+    def inference_component_name(self) -> str | None:
+        """The component's fixed name (None: the variant serves its model itself)."""
+        component = self.inference_component
+        return None if component is None else component.inference_component_name
+
+    def _inference_component(
+        self,
+        hosting: InferenceComponentHosting,
+        *,
+        startup_timeout_seconds: int,
+        deployment_config: _ComponentDeployment | None,
+    ) -> sagemaker.CfnInferenceComponent:
+        """The model as one component of the endpoint's variant, on `hosting`'s copies."""
+        component = sagemaker.CfnInferenceComponent
+        resource = component(
+            self,
+            "InferenceComponent",
+            inference_component_name=hosting.component_name,
+            endpoint_name=self.endpoint.attr_endpoint_name,
+            variant_name=VARIANT_NAME,
+            specification=component.InferenceComponentSpecificationProperty(
+                model_name=self.model.attr_model_name,
+                startup_parameters=component.InferenceComponentStartupParametersProperty(
+                    model_data_download_timeout_in_seconds=startup_timeout_seconds,
+                    container_startup_health_check_timeout_in_seconds=startup_timeout_seconds,
+                ),
+                compute_resource_requirements=hosting.compute_resource_requirements(),
+            ),
+            runtime_config=component.InferenceComponentRuntimeConfigProperty(
+                copy_count=hosting.initial_copy_count
+            ),
+            deployment_config=deployment_config,
+        )
+        resource.node.add_dependency(self.log_group)
+        return resource
 
     def _model(
         self,
@@ -244,17 +327,26 @@ class SageMakerEndpoint(Construct):
         return cfn_model
 
 
+def _endpoint_vpc(network: NetworkSettings) -> sagemaker.CfnEndpointConfig.VpcConfigProperty:
+    return sagemaker.CfnEndpointConfig.VpcConfigProperty(
+        subnets=list(network.subnet_ids), security_group_ids=list(network.security_group_ids)
+    )
+
+
 def _production_variant(
     *,
     variant_name: str,
-    model_name: str,
+    model_name: str | None,
     placement: Placement,
     initial_instance_count: int,
     weight: float,
-    startup_timeout_seconds: int,
+    startup_timeout_seconds: int | None,
     routing: Routing | None,
+    managed_scaling: sagemaker.CfnEndpointConfig.ManagedInstanceScalingProperty | None = None,
 ) -> sagemaker.CfnEndpointConfig.ProductionVariantProperty:
-    """A fixed CPU instance type, or ordered GPU pools + CUDA AMI: never both."""
+    """A fixed CPU instance type, or ordered GPU pools + CUDA AMI: never both. Without a
+    model (an inference component brings it, and its start-up timeouts) and with
+    `managed_scaling`, the variant is a home for components."""
     cpu = placement if isinstance(placement, CpuPlacement) else None
     gpu = placement if isinstance(placement, GpuPlacement) else None
     return sagemaker.CfnEndpointConfig.ProductionVariantProperty(
@@ -278,4 +370,5 @@ def _production_variant(
         else None,
         inference_ami_version=gpu.inference_ami_version if gpu else None,
         routing_config=None if routing is None else routing.routing_config(),
+        managed_instance_scaling=managed_scaling,
     )

@@ -31,11 +31,13 @@ from cdk_constructs.endpoint_operations import (
     AlarmThresholds,
     Autoscaling,
     DecisionSignalThresholds,
+    ScaleToZero,
     promql_alarm_seconds,
 )
 from cdk_constructs.endpoint_props import (
     CpuPlacement,
     GpuPlacement,
+    InferenceComponentHosting,
     LeastOutstandingRouting,
     NetworkSettings,
     Observability,
@@ -127,14 +129,27 @@ _VCPUS = {
 }
 # Of an instance's memory, what the KV cache may take: the rest holds the weights and the OS.
 KV_MEMORY_SHARE = 0.5
+# An inference component's copy fills its instance (one copy per instance, the adapter sized
+# to it): it asks this share of the instance's memory, the rest left to the OS and to
+# SageMaker's own agents on the instance (what they keep is not documented).
+COPY_MEMORY_SHARE = 0.75
+# What a copy needs beyond the weights and the KV cache: the Python process, llama.cpp's
+# compute buffers for a full pass, the tokenizer.
+COPY_OVERHEAD_BYTES = 1 << 30
 
 
 def instance_memory_bytes(instance_type: str) -> int | None:
     """Memory of `ml.<family>.<size>` for the c, m and r families; None for others."""
-    _, family, size = instance_type.split(".")
+    family = instance_type.split(".")[1]
     per_vcpu = _GIB_PER_VCPU.get(family[0]) if family[1:2].isdigit() else None
-    vcpus = _VCPUS.get(size)
+    vcpus = instance_vcpus(instance_type)
     return None if per_vcpu is None or vcpus is None else per_vcpu * vcpus << 30
+
+
+def instance_vcpus(instance_type: str) -> int | None:
+    """vCPUs of `ml.<family>.<size>` by its size (every general family alike); None for a
+    size not in the table."""
+    return _VCPUS.get(instance_type.split(".")[2])
 
 
 def has_amx(instance_type: str) -> bool:
@@ -244,6 +259,9 @@ class ModelSource:
     `build_calibration` is what the model build gets: the path and the canonical digest that
     names the model object, so a refit is a new object and a new SageMaker model.
 
+    `size_bytes` is the GGUF's size, which an inference component's memory is checked
+    against at synth (`DecisionEndpointSettings.scale_to_zero`); the build does not read it.
+
     `chat_template` is a path relative to the repository (e.g. `templates/prod.jinja`) of a
     Jinja chat template the endpoints render prompts with instead of the GGUF's own; it must
     be non-blank UTF-8 text (model-build's and the adapter's rule,
@@ -256,6 +274,7 @@ class ModelSource:
     sha256: str
     calibration: str | None = None
     chat_template: str | None = None
+    size_bytes: int | None = None
     build_calibration: ModelCalibration | None = field(init=False, default=None)
     build_chat_template: ModelChatTemplate | None = field(init=False, default=None)
 
@@ -272,6 +291,10 @@ class ModelSource:
         _require(
             bool(SHA256_PATTERN.fullmatch(self.sha256)),
             f"model.sha256: {self.sha256!r} is not 64 lowercase hex characters",
+        )
+        _require(
+            self.size_bytes is None or self.size_bytes > 0,
+            f"model.size_bytes: {self.size_bytes} must be > 0",
         )
         if self.calibration is not None:
             checked = ModelCalibration(
@@ -496,6 +519,9 @@ class DecisionEndpointSettings:
     allow_full_audit: bool = False
     # A shadow variant on the real-time endpoint; None (every shipped environment): none.
     candidate: CandidateSettings | None = None
+    # The model as an inference component scaled to zero copies (and instances) when idle;
+    # None: the variant serves it on `autoscaling.min_capacity` instances or more, always.
+    scale_to_zero: ScaleToZero | None = None
 
     def __post_init__(self) -> None:
         _require_fits(self.rollout, self.autoscaling.min_capacity, "decision.rollout")
@@ -540,6 +566,97 @@ class DecisionEndpointSettings:
             self._check_async(self.async_endpoint)
         if self.candidate is not None:
             self._check_candidate(self.candidate)
+        if self.scale_to_zero is not None:
+            self._check_scale_to_zero()
+
+    def _check_scale_to_zero(self) -> None:
+        """What an inference component scaled to zero can be: on one CPU instance type whose
+        memory and vCPUs are known here (the copy's resources are asked from them), without
+        a shadow (ShadowProductionVariants name a model per variant; a variant hosting
+        components has none) and updated in rolling batches of one copy (ALL_AT_ONCE)."""
+        placement = self.placement
+        _require(
+            isinstance(placement, CpuPlacement),
+            "decision.scale_to_zero: set with GPU pools (decision.placement); the inference "
+            "component is sized for one CPU instance type, and pools would need a "
+            "specification per pool type: leave scale_to_zero unset on GPU pools",
+        )
+        _require(
+            self.candidate is None,
+            "decision.candidate: set with decision.scale_to_zero; a shadow variant needs a "
+            "model of its own on the endpoint config, which an endpoint hosting inference "
+            "components does not have: remove one of them",
+        )
+        _require(
+            self.rollout.traffic is TrafficShift.ALL_AT_ONCE,
+            f"decision.rollout: {self.rollout.traffic.value} with decision.scale_to_zero; an "
+            "inference component updates in rolling batches of one copy, give ALL_AT_ONCE",
+        )
+        assert isinstance(placement, CpuPlacement)
+        instance = placement.instance_type
+        _require(
+            instance_memory_bytes(instance) is not None,
+            f"decision.scale_to_zero: {instance}'s memory is not known here (c, m and r "
+            "families); the copy asks a share of it",
+        )
+        vcpus = instance_vcpus(instance)
+        _require(
+            self.threads is not None and vcpus is not None and self.threads <= vcpus,
+            f"decision.threads: {self.threads} with decision.scale_to_zero on {instance} "
+            f"({vcpus} vCPUs); the copy asks one core per thread",
+        )
+
+    @property
+    def copy_memory_bytes(self) -> int:
+        """What one copy asks: COPY_MEMORY_SHARE of its CPU instance, in whole MiB."""
+        memory = (
+            instance_memory_bytes(self.placement.instance_type)
+            if isinstance(self.placement, CpuPlacement)
+            else None
+        )
+        if memory is None:
+            raise ConfigError("decision.scale_to_zero: needs a CPU instance of known memory")
+        return int(COPY_MEMORY_SHARE * memory) >> 20 << 20
+
+    def inference_component_hosting(self, component_name: str) -> InferenceComponentHosting:
+        """The copy this endpoint's inference component runs: as many cores as llama.cpp
+        threads, `copy_memory_bytes`, one copy per instance (so at most
+        `autoscaling.max_capacity` of each), `autoscaling.min_capacity` copies started by
+        each deploy (and proved by its check) before scaling takes them to zero."""
+        if self.scale_to_zero is None or self.threads is None:
+            raise ConfigError("decision.scale_to_zero: not set")
+        return InferenceComponentHosting(
+            component_name=component_name,
+            cpu_cores=self.threads,
+            memory_mib=self.copy_memory_bytes >> 20,
+            max_instance_count=self.autoscaling.max_capacity,
+            initial_copy_count=self.autoscaling.min_capacity,
+        )
+
+    def check_copy_memory(self, model: ModelSource) -> None:
+        """A copy's memory must hold `model`'s weights, the KV cache the adapter will size
+        to that memory (SEMIF_KV_MEMORY, read against the container's memory as the adapter
+        reads it) and COPY_OVERHEAD_BYTES; the weights' size comes from `model.size_bytes`."""
+        if self.scale_to_zero is None:
+            return
+        _require(
+            model.size_bytes is not None,
+            "model.size_bytes: required with decision.scale_to_zero; the inference "
+            "component's memory is checked to hold the weights",
+        )
+        assert model.size_bytes is not None
+        memory = self.copy_memory_bytes
+        budget = KvBudget.parse(self.kv_memory)
+        kv = budget.limit(weights_bytes=model.size_bytes, container_bytes=memory)
+        need = model.size_bytes + kv + COPY_OVERHEAD_BYTES
+        _require(
+            need <= memory,
+            f"decision.scale_to_zero: a copy asks {memory >> 20} MiB, less than the "
+            f"{need >> 20} MiB it needs: {model.size_bytes >> 20} MiB of weights "
+            f"(model.size_bytes), {kv >> 20} MiB of KV cache (decision.kv_memory="
+            f"{self.kv_memory}) and {COPY_OVERHEAD_BYTES >> 20} MiB for the process; use a "
+            "larger instance or a smaller kv_memory",
+        )
 
     def _check_candidate(self, candidate: CandidateSettings) -> None:
         """A shadow is compared by its audit records, so it needs them; it runs the
@@ -740,6 +857,8 @@ class DecisionEndpointSettings:
         features = {CfnFeature.DETAILED_OBSERVABILITY, CfnFeature.PROMQL_ALARMS, routing}
         if self.uses_gpu:
             features.add(CfnFeature.INSTANCE_POOLS)
+        if self.scale_to_zero is not None:
+            features.add(CfnFeature.INFERENCE_COMPONENTS)
         return frozenset(features)
 
 
@@ -859,6 +978,8 @@ class EnvironmentConfig:
             require_account(self.account, f"{self.name}.account")
         require_region(self.region, f"{self.name}.region")
         _require(bool(self.endpoints), f"{self.name}.endpoints: choose standard, decision or both")
+        if self.deploys(EndpointKind.DECISION):
+            self.decision.check_copy_memory(self.model)
         require_region_supports(self, self.region, f"{self.name}.region")
         for key, value in self.tags.items():
             _require(

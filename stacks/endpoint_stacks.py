@@ -8,7 +8,9 @@ latency), and end every deploy that changes them with one real invocation
 (`EndpointCheck`). The decision stack also serves offline batches: transform jobs on its
 model (`batch/` in the artifact bucket) and, where the environment asks, an asynchronous
 endpoint that scales to zero (`async/`); and, where it names one, a candidate as the
-real-time endpoint's shadow variant.
+real-time endpoint's shadow variant. Where the environment asks (`scale_to_zero`), the
+decision model runs as an inference component whose copies, and so the endpoint's
+instances, scale to zero when idle.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from cdk_constructs.endpoint_operations import (
     DecisionSignalAlarms,
     EndpointAlarms,
     EndpointAutoscaling,
+    InferenceComponentAutoscaling,
 )
 from cdk_constructs.endpoint_props import (
     AsyncInference,
@@ -67,6 +70,9 @@ ASYNC_INPUT_PREFIX = "async/input/"
 ASYNC_OUTPUT_PREFIX = "async/output/"
 ASYNC_FAILURE_PREFIX = "async/failure/"
 ASYNC_SUFFIX = "-async"
+# The decision model's inference component (with `scale_to_zero`): a fixed name, which
+# callers send as InvokeEndpoint's InferenceComponentName and alarms and scaling name.
+COMPONENT_SUFFIX = "-model"
 
 
 class DecisionEndpointStack(Stack):
@@ -81,7 +87,13 @@ class DecisionEndpointStack(Stack):
     `settings.candidate` (served from `candidate_model`) becomes the endpoint's shadow
     variant, with alarms of its own on its variant's metrics (`CandidateAlarms`: 5XX rate,
     latency, instance health) that page and are never rollback alarms: a failing
-    candidate must not roll back the decision endpoint."""
+    candidate must not roll back the decision endpoint.
+
+    `settings.scale_to_zero` serves the model as the inference component
+    `<endpoint>-model` instead (`InferenceComponentAutoscaling`: copies from zero, the
+    instances following): the same rollback alarms then watch the component's rolling
+    updates, its 5XX rate read from the component's metrics; a wake-up that does not come
+    pages; the dashboard shows the copies; an output names the component for callers."""
 
     def __init__(
         self,
@@ -110,6 +122,12 @@ class DecisionEndpointStack(Stack):
             log_key=model.key,
             output_variables=[IMAGE_URI_VARIABLE, IMAGE_DIGEST_VARIABLE],
         )
+        hosting = (
+            None
+            if settings.scale_to_zero is None
+            else settings.inference_component_hosting(f"{endpoint_name}{COMPONENT_SUFFIX}")
+        )
+        component_name = None if hosting is None else hosting.component_name
         alarms = EndpointAlarms(
             self,
             "Alarms",
@@ -118,6 +136,7 @@ class DecisionEndpointStack(Stack):
             topic=alarm_topic,
             gpu=settings.uses_gpu,
             instance_types=settings.instance_pools,
+            inference_component_name=component_name,
         )
         signals = DecisionSignalAlarms(
             self,
@@ -150,14 +169,9 @@ class DecisionEndpointStack(Stack):
             observability=settings.metrics,
             routing=settings.routing,
             shadow=shadow,
+            inference_component=hosting,
         )
-        EndpointAutoscaling(
-            self,
-            "Scaling",
-            endpoint=self.endpoint,
-            settings=settings.autoscaling,
-            target_concurrency=settings.target_concurrency,
-        )
+        scaling_alarms = self._scaling(settings, alarm_topic)
         self.endpoint.role.allow_batch_transform(
             input_prefix=BATCH_INPUT_PREFIX, output_prefix=BATCH_OUTPUT_PREFIX
         )
@@ -176,8 +190,15 @@ class DecisionEndpointStack(Stack):
             self,
             "Dashboard",
             endpoint_name=endpoint_name,
-            alarms=[*alarms.alarms, *signals.alarms, *candidate_alarms, *async_alarms],
+            alarms=[
+                *alarms.alarms,
+                *signals.alarms,
+                *scaling_alarms,
+                *candidate_alarms,
+                *async_alarms,
+            ],
             queries=decision_queries(endpoint_name),
+            inference_component_name=component_name,
         )
         self.check = EndpointCheck(
             self,
@@ -189,7 +210,42 @@ class DecisionEndpointStack(Stack):
         )
         # The build's own IMAGE_URI: the same image, without an output of an import.
         _outputs(self, "Decision", self.endpoint, self.check, self.image.output(IMAGE_URI_VARIABLE))
+        if component_name is not None:
+            CfnOutput(
+                self,
+                "DecisionInferenceComponentName",
+                value=component_name,
+                description="send it as InvokeEndpoint's InferenceComponentName; at zero "
+                "copies a call is refused and starts one",
+            )
         self._batch_outputs(model)
+
+    def _scaling(
+        self, settings: DecisionEndpointSettings, alarm_topic: sns.ITopic
+    ) -> list[cloudwatch.Alarm]:
+        """The variant's instances between the autoscaling bounds, or (scale to zero) the
+        inference component's copies between zero and the upper bound; the alarms that
+        scaling adds (a wake-up that does not come)."""
+        if settings.scale_to_zero is None:
+            EndpointAutoscaling(
+                self,
+                "Scaling",
+                endpoint=self.endpoint,
+                settings=settings.autoscaling,
+                target_concurrency=settings.target_concurrency,
+            )
+            return []
+        scaling = InferenceComponentAutoscaling(
+            self,
+            "Scaling",
+            endpoint=self.endpoint,
+            settings=settings.scale_to_zero,
+            max_copies=settings.autoscaling.max_capacity,
+            target_concurrency=settings.target_concurrency,
+            startup_seconds=settings.startup_timeout_seconds,
+            topic=alarm_topic,
+        )
+        return scaling.alarms
 
     def _candidate(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from cdk_constructs.endpoint_operations import Autoscaling, DecisionSignalThresholds
+from cdk_constructs.endpoint_operations import Autoscaling, DecisionSignalThresholds, ScaleToZero
 from cdk_constructs.endpoint_props import CpuPlacement, GpuPlacement
 from model_build.embedded import SMOLLM2
 from stacks.config import (
@@ -37,7 +37,7 @@ PUBLISHED_DLC_IMAGES = DlcImages(
 )
 
 # The embedded plumbing model: tiny, Apache-2.0, from PyPI; pinned once, in model_build.
-SMOLLM2_135M = ModelSource(uri=SMOLLM2.source_uri, sha256=SMOLLM2.sha256)
+SMOLLM2_135M = ModelSource(uri=SMOLLM2.source_uri, sha256=SMOLLM2.sha256, size_bytes=SMOLLM2.size)
 
 # The production model the AWS sample pinned: Qwen3.5 4B, Q4_K_M, at a fixed commit.
 QWEN35_4B = ModelSource(
@@ -77,6 +77,9 @@ ENVIRONMENTS: Mapping[str, EnvironmentConfig] = MappingProxyType(
                     autoscaling=Autoscaling(min_capacity=1, max_capacity=2),
                     signal_alarms=DecisionSignalThresholds(max_ms_per_decoded_row=SMOLLM2_CPU_MS),
                     async_endpoint=AsyncEndpointSettings(),
+                    # Idle most of the day: no instance while no call comes (docs/deploy.md,
+                    # "Scale to zero"); prod keeps its instances warm.
+                    scale_to_zero=ScaleToZero(idle_minutes=10),
                 ),
                 standard=StandardEndpointSettings(
                     placement=CpuPlacement(instance_type="ml.c6i.2xlarge"),

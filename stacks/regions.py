@@ -38,6 +38,7 @@ class CfnFeature(enum.Enum):
         "LEAST_OUTSTANDING_REQUESTS",
     )
     INSTANCE_POOLS = ("AWS::SageMaker::EndpointConfig", "ProductionVariants.InstancePools", None)
+    INFERENCE_COMPONENTS = ("AWS::SageMaker::InferenceComponent", "RuntimeConfig.CopyCount", None)
 
     @property
     def resource_type(self) -> str:
@@ -59,11 +60,42 @@ class CfnFeature(enum.Enum):
 
 _SAGEMAKER = frozenset(f for f in CfnFeature if f.resource_type.startswith("AWS::SageMaker::"))
 
-# Regions whose schema lacks a feature, from cfn-lint 1.58: neither has
-# AWS::SageMaker::EndpointConfig (nor Endpoint, nor Model) at all. Regions not named here
-# have every feature; a region cfn-lint does not know is not checked.
+_COMPONENTS = frozenset({CfnFeature.INFERENCE_COMPONENTS})
+
+# Regions whose schema lacks a feature, from cfn-lint 1.58: me-central-1 and us-gov-east-1
+# have no AWS::SageMaker::EndpointConfig (nor Endpoint, nor Model) at all, us-gov-east-1 no
+# InferenceComponent either; the others lack AWS::SageMaker::InferenceComponent only.
+# Regions not named here have every feature; a region cfn-lint does not know is not checked.
 REGIONS_WITHOUT: Mapping[str, frozenset[CfnFeature]] = MappingProxyType(
-    {"me-central-1": _SAGEMAKER, "us-gov-east-1": _SAGEMAKER}
+    {
+        "me-central-1": _SAGEMAKER - _COMPONENTS,
+        "us-gov-east-1": _SAGEMAKER,
+        **{
+            region: _COMPONENTS
+            for region in (
+                "af-south-1",
+                "ap-east-1",
+                "ap-east-2",
+                "ap-northeast-3",
+                "ap-south-2",
+                "ap-southeast-4",
+                "ap-southeast-5",
+                "ap-southeast-6",
+                "ap-southeast-7",
+                "ca-west-1",
+                "cn-north-1",
+                "cn-northwest-1",
+                "eu-central-2",
+                "eu-south-1",
+                "eu-south-2",
+                "eu-west-3",
+                "il-central-1",
+                "mx-central-1",
+                "us-gov-west-1",
+                "us-west-1",
+            )
+        },
+    }
 )
 
 

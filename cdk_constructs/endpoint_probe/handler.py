@@ -12,6 +12,9 @@ InvokeEndpoint (the same files `semif check` sends, `client/examples/check-*.jso
 A wrong answer, or an endpoint error (the container's status and body from ModelError),
 raises, so CloudFormation fails the resource and rolls the stack back. Busy (429, 503),
 throttled or not-yet-ready answers are retried until shortly before the Lambda's timeout.
+An endpoint whose model is an inference component (`InferenceComponentName`) is invoked
+through it; at zero copies SageMaker refuses the call with a ValidationError that says the
+component has no capacity, and that refusal is what starts a copy, so it is retried too.
 
 After a right decision answer, the check waits up to `SeriesWaitSeconds` for the
 endpoint's container series (`semif_requests_total`, what its PromQL alarms read) to reach
@@ -53,6 +56,10 @@ RETRYABLE_CODES = {
     "ModelNotReadyException",
 }
 RETRYABLE_MODEL_STATUS = {429, 503}
+# InvokeEndpoint's ValidationError for an inference component with no copy: "Inference
+# Component has no capacity to process this request. ApplicationAutoScaling may be
+# in-progress ..."; the refusal itself starts one (NoCapacityInvocationFailures).
+NO_CAPACITY = "no capacity"
 CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 70  # above SageMaker's 60 s invocation limit
 # Another attempt starts only if a worst-case one (connect + read) still ends before the
@@ -127,11 +134,17 @@ def _runtime() -> Any:
     return boto3.client("sagemaker-runtime", config=config)
 
 
-def invoke_once(runtime: Any, endpoint: str, body: Mapping[str, Any]) -> Any:
-    """One InvokeEndpoint; `_RetryError` for answers worth retrying, CheckFailedError otherwise."""
+def invoke_once(
+    runtime: Any, endpoint: str, body: Mapping[str, Any], *, component: str | None = None
+) -> Any:
+    """One InvokeEndpoint (through inference component `component` when given);
+    `_RetryError` for answers worth retrying, CheckFailedError otherwise."""
+    target = {"EndpointName": endpoint}
+    if component is not None:
+        target["InferenceComponentName"] = component
     try:
         answer = runtime.invoke_endpoint(
-            EndpointName=endpoint,
+            **target,
             ContentType="application/json",
             Accept="application/json",
             Body=json.dumps(body).encode(),
@@ -141,7 +154,12 @@ def invoke_once(runtime: Any, endpoint: str, body: Mapping[str, Any]) -> Any:
         code = str(response.get("Error", {}).get("Code", ""))
         message = str(response.get("Error", {}).get("Message", ""))
         status = response.get("OriginalStatusCode")
-        if code in RETRYABLE_CODES or (code == "ModelError" and status in RETRYABLE_MODEL_STATUS):
+        waking = component is not None and code == "ValidationError" and NO_CAPACITY in message
+        if (
+            code in RETRYABLE_CODES
+            or (code == "ModelError" and status in RETRYABLE_MODEL_STATUS)
+            or waking
+        ):
             raise _RetryError(f"{code} {status or ''}: {message}") from None
         detail = f" (container status {status})" if status is not None else ""
         raise CheckFailedError(
@@ -164,16 +182,18 @@ def probe(
     body: Mapping[str, Any],
     remaining_s: Callable[[], float],
     sleep: Callable[[float], None] = time.sleep,
+    *,
+    component: str | None = None,
 ) -> str:
-    """Send `body` and check the answer as `kind` asks, retrying busy answers while time
-    remains; the summary."""
+    """Send `body` (through inference component `component` when given) and check the
+    answer as `kind` asks, retrying busy answers while time remains; the summary."""
     if kind not in PROBES:
         raise CheckFailedError(f"unknown probe {kind!r}; choose one of {sorted(PROBES)}")
     check = PROBES[kind]
     delay = 2.0
     while True:
         try:
-            return check(body, invoke_once(runtime, endpoint, body))
+            return check(body, invoke_once(runtime, endpoint, body, component=component))
         except _RetryError as busy:
             if remaining_s() < delay + SAFETY_MARGIN_S:
                 raise CheckFailedError(f"{endpoint} still not answering: {busy}") from None
@@ -284,7 +304,15 @@ def on_event(
     try:
         body = json.loads(str(props["Body"]))
         first_call_at = time.time()
-        summary = probe(runtime or _runtime(), endpoint, str(props["Probe"]), body, remaining_s)
+        component = props.get("InferenceComponentName")
+        summary = probe(
+            runtime or _runtime(),
+            endpoint,
+            str(props["Probe"]),
+            body,
+            remaining_s,
+            component=None if component is None else str(component),
+        )
     except Exception as failure:  # any failure: a rollback must never be the one that fails
         if event["RequestType"] == "Update" and rolling_back(
             cloudformation or boto3.client("cloudformation"), str(event["StackId"])

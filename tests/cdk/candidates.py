@@ -40,9 +40,9 @@ GPU_CANDIDATE = CandidateSettings(
 
 def with_candidate(env: str, name: str, candidate: CandidateSettings) -> EnvironmentConfig:
     """Shipped environment `env`, renamed `name`, recording digests and shadowing
-    `candidate`."""
+    `candidate`, on instances of its own (a shadow and scale to zero exclude each other)."""
     base = ENVIRONMENTS[env]
-    decision = replace(base.decision, audit="digest", candidate=candidate)
+    decision = replace(base.decision, audit="digest", candidate=candidate, scale_to_zero=None)
     return replace(base, name=name, decision=decision)
 
 

@@ -218,7 +218,8 @@ def test_model_build_role_writes_only_its_object(synth: Synth) -> None:
 
 def test_model_build_role_reads_an_s3_source_object(tmp_path: Path) -> None:
     uri = "s3://model-sources/qwen/Qwen3.5-4B-Q4_K_M.gguf"
-    config = replace(ENVIRONMENTS["dev"], model=ModelSource(uri=uri, sha256="a" * 64))
+    model = ModelSource(uri=uri, sha256="a" * 64, size_bytes=2_740_000_000)
+    config = replace(ENVIRONMENTS["dev"], model=model)
     assembly = synthesize_environment(config, tmp_path)
     template = Template.from_json(assembly.get_stack_by_name("semif-dev-artifact").template)
     source_read = {

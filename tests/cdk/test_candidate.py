@@ -249,8 +249,12 @@ def test_a_shipped_environment_shadows_nothing() -> None:
 
 
 def _with(candidate: CandidateSettings | None = CPU_CANDIDATE, **decision: Any) -> None:
-    """dev's decision settings with `candidate` and `decision` changes (digests recorded)."""
-    replace(ENVIRONMENTS["dev"].decision, **{"audit": "digest", "candidate": candidate, **decision})
+    """dev's decision settings with `candidate` and `decision` changes (digests recorded;
+    on instances of its own, since a shadow and scale to zero exclude each other)."""
+    replace(
+        ENVIRONMENTS["dev"].decision,
+        **{"audit": "digest", "candidate": candidate, "scale_to_zero": None, **decision},
+    )
 
 
 @pytest.mark.parametrize("percentage", [0, 101, -5])

@@ -62,10 +62,15 @@ def gpu() -> GpuPlacement:
         ({"uri": "https://host/model.gguf"}, "model.uri"),
         ({"uri": "hf://org/repo@main/model.gguf"}, "model.uri: revision 'main'"),
         ({"sha256": "abc"}, "model.sha256"),
+        ({"size_bytes": 0}, "model.size_bytes"),
     ],
 )
-def test_model_source_rules(kwargs: dict[str, str], field: str) -> None:
-    values = {"uri": f"hf://org/repo@{'a' * 40}/model.gguf", "sha256": "0" * 64, **kwargs}
+def test_model_source_rules(kwargs: dict[str, Any], field: str) -> None:
+    values: dict[str, Any] = {
+        "uri": f"hf://org/repo@{'a' * 40}/model.gguf",
+        "sha256": "0" * 64,
+        **kwargs,
+    }
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         ModelSource(**values)
 

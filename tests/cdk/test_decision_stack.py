@@ -339,7 +339,8 @@ def test_decision_role_reads_only_its_model_and_pulls_only_its_repository(synth:
     assert_role_policy_has(template, "DecisionExecutionRole", expected)
 
 
-@pytest.mark.parametrize("env", ["dev", "prod", "gpu"])
+# dev scales an inference component's copies instead (tests/cdk/test_scale_to_zero.py).
+@pytest.mark.parametrize("env", ["prod", "gpu"])
 def test_decision_autoscaling_tracks_concurrency_below_one_batch(synth: Synth, env: str) -> None:
     settings = ENVIRONMENTS[env].decision
     scaling = settings.autoscaling
@@ -526,12 +527,20 @@ def test_decision_dashboard_shows_the_endpoint_its_alarms_and_its_signals(
     raw = synth.raw(env, "decision")
     body, named = dashboard_body(raw)
     assert body["name"] == name
-    graphed = {
-        metric[1]: metric[2:6]
+    metrics = [
+        metric
         for widget in body["widgets"]
         if widget["type"] == "metric"
         for metric in widget["properties"]["metrics"]
-    }
+    ]
+    graphed = {metric[1]: metric[2:6] for metric in metrics if metric[2] == "EndpointName"}
+    # With scale to zero (dev), the inference component's copies, its refused calls and
+    # its requests per copy, by the component's name.
+    copies = {metric[1]: metric[2:4] for metric in metrics if metric[2] != "EndpointName"}
+    component = ENVIRONMENTS[env].decision.scale_to_zero is not None
+    copy_metrics = ("CPUUtilizationNormalized", "NoCapacityInvocationFailures")
+    expected = (*copy_metrics, "ConcurrentRequestsPerCopy") if component else ()
+    assert copies == {metric: ["InferenceComponentName", f"{name}-model"] for metric in expected}
     assert set(graphed) == {
         "Invocations",
         "Invocation4XXErrors",

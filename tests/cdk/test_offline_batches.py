@@ -391,7 +391,7 @@ def test_async_endpoint_scales_from_zero_on_its_queue(synth: Synth, env: str) ->
     (target_id,) = [
         name_
         for name_, t in resources(raw, "AWS::ApplicationAutoScaling::ScalableTarget")
-        if t["Properties"]["MinCapacity"] == 0
+        if t["Properties"]["ResourceId"] == f"endpoint/{name}/variant/AllTraffic"
     ]
     assert any(d.startswith("AsyncEndpoint") for d in raw["Resources"][target_id]["DependsOn"])
     queue = {"Name": "EndpointName", "Value": name}

@@ -32,27 +32,51 @@ def _env(stack: str) -> str:
     return stack.split("-")[1]
 
 
+def _deployment(raw: dict[str, Any], endpoint_id: str) -> dict[str, Any]:
+    """What rolls an endpoint's model out: the endpoint's DeploymentConfig, or, where an
+    inference component holds the model, the component's (the endpoint then has none)."""
+    endpoint = raw["Resources"][endpoint_id]["Properties"]
+    components = [
+        c["Properties"]
+        for _, c in resources(raw, "AWS::SageMaker::InferenceComponent")
+        if c["Properties"]["EndpointName"] == {"Fn::GetAtt": [endpoint_id, "EndpointName"]}
+    ]
+    if not components:
+        deployment: dict[str, Any] = endpoint["DeploymentConfig"]
+        return deployment
+    assert "DeploymentConfig" not in endpoint
+    ((component,),) = [components]
+    deployment = component["DeploymentConfig"]
+    return deployment
+
+
 @pytest.mark.parametrize("stack", ENDPOINT_STACKS)
 def test_updates_roll_out_blue_green_with_rollback_alarms(synth: Synth, stack: str) -> None:
     raw = synth.templates[stack]
-    for _, endpoint in resources(raw, "AWS::SageMaker::Endpoint"):
+    for endpoint_id, endpoint in resources(raw, "AWS::SageMaker::Endpoint"):
         props = endpoint["Properties"]
         # The real-time endpoints keep their count; the asynchronous one starts its config's
         # one instance at each update (endpoint_stacks._add_async_endpoint).
         is_async = props["EndpointName"].endswith("-async")
         assert props["RetainAllVariantProperties"] is not is_async
-        alarms = props["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
+        alarms = _deployment(raw, endpoint_id)["AutoRollbackConfiguration"]["Alarms"]
         assert alarms
         # The alarms exist before the endpoint: they never depend on it.
         for alarm in alarms:
             assert "DependsOn" not in raw["Resources"][alarm["AlarmName"]["Ref"]]
-    _, endpoint = realtime_endpoint(raw)
-    policy = endpoint["Properties"]["DeploymentConfig"]["BlueGreenUpdatePolicy"]
+    endpoint_id, _ = realtime_endpoint(raw)
+    deployment = _deployment(raw, endpoint_id)
     settings = ENVIRONMENTS[_env(stack)]
     rollout = (settings.decision if stack.endswith("decision") else settings.standard).rollout
-    assert policy["TrafficRoutingConfiguration"]["Type"] == rollout.traffic.value
+    if "RollingUpdatePolicy" in deployment:  # an inference component: one copy a batch
+        policy = deployment["RollingUpdatePolicy"]
+        assert policy["MaximumBatchSize"] == {"Type": "COPY_COUNT", "Value": 1}
+        assert rollout.traffic.value == "ALL_AT_ONCE"
+    else:
+        policy = deployment["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]
+        assert policy["Type"] == rollout.traffic.value
     # Baked long enough for the slowest rollback alarm to fire (stacks/config.py).
-    assert policy["TrafficRoutingConfiguration"]["WaitIntervalInSeconds"] >= 420
+    assert policy["WaitIntervalInSeconds"] >= 420
 
 
 def _reads(alarm: dict[str, Any]) -> str:
@@ -72,12 +96,12 @@ def _reads(alarm: dict[str, Any]) -> str:
 
 
 def _rollback_reads(raw: dict[str, Any], endpoint_name: str) -> set[str]:
-    ((_, endpoint),) = [
+    ((endpoint_id, _),) = [
         (name, e)
         for name, e in resources(raw, "AWS::SageMaker::Endpoint")
         if e["Properties"]["EndpointName"] == endpoint_name
     ]
-    alarms = endpoint["Properties"]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
+    alarms = _deployment(raw, endpoint_id)["AutoRollbackConfiguration"]["Alarms"]
     reads = [_reads(raw["Resources"][alarm["AlarmName"]["Ref"]]) for alarm in alarms]
     assert len(reads) == len(set(reads)) <= 10  # SageMaker's most
     return set(reads)
@@ -116,11 +140,13 @@ def _mass(name: str) -> str:
 @pytest.mark.parametrize(
     ("env", "endpoint_name", "expected"),
     [
-        (  # CPU: the variant's 5XX rate, the model's speed (10 ms a row) and letter mass
+        (  # CPU, an inference component: its 5XX rate, the model's speed (10 ms a row) and
+            # letter mass (the container's series still carry the endpoint's name)
             "dev",
             "semif-dev-decision",
             {
-                _five_xx("semif-dev-decision"),
+                "AWS/SageMaker Invocation5XXErrors+Invocations "
+                "{InferenceComponentName=semif-dev-decision-model}",
                 _speed("semif-dev-decision", "0.01"),
                 _mass("semif-dev-decision"),
             },
@@ -209,8 +235,9 @@ def test_every_alarm_notifies_the_environment_topic(synth: Synth, stack: str) ->
     notifying_alarms(template).all_resources_properties(
         "AWS::CloudWatch::Alarm", {"AlarmActions": [topic], "OKActions": [topic]}
     )
-    # Only the asynchronous endpoint's start from zero acts on scaling, not on the topic.
-    assert len(scaling_alarms(template)) == (stack == "semif-dev-decision")
+    # Only the starts from zero (the asynchronous endpoint's, the inference component's)
+    # and the component's stop when idle act on scaling, not on the topic.
+    assert len(scaling_alarms(template)) == (3 if stack == "semif-dev-decision" else 0)
 
 
 @pytest.mark.parametrize("env", sorted(ENVIRONMENTS))
@@ -300,7 +327,22 @@ def test_post_deploy_check_invokes_the_endpoint_once_it_exists(
     invokes = [s for _, s in statements(raw) if s["Action"] == "sagemaker:InvokeEndpoint"]
     assert len(invokes) == 1
     name = endpoint["Properties"]["EndpointName"]
-    assert json.dumps(invokes[0]["Resource"]).endswith(f':endpoint/{name}"]]}}')
+    components = list(resources(raw, "AWS::SageMaker::InferenceComponent"))
+    if not components:
+        assert json.dumps(invokes[0]["Resource"]).endswith(f':endpoint/{name}"]]}}')
+        assert "InferenceComponentName" not in check["Properties"]
+        return
+    # Through the inference component, checked again when its model changes.
+    ((component_id, component),) = components
+    assert component_id in check["DependsOn"]
+    spec = component["Properties"]["Specification"]
+    assert check["Properties"]["InferenceComponentName"] == f"{name}-model"
+    assert check["Properties"]["ModelName"] == spec["ModelName"]
+    ends = [json.dumps(resource).removesuffix('"]]}') for resource in invokes[0]["Resource"]]
+    assert [end.rsplit(":", 1)[1] for end in ends] == [
+        f"endpoint/{name}",
+        f"inference-component/{name}-model",
+    ]
 
 
 @pytest.mark.parametrize("stack", ALL_STACKS)

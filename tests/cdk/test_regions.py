@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -100,12 +101,29 @@ def test_each_environment_declares_what_its_templates_write(synth: Synth, env: s
 @pytest.mark.parametrize("env", sorted(ENVIRONMENTS))
 @pytest.mark.parametrize("region", sorted(REGIONS_WITHOUT))
 def test_an_environment_in_a_region_without_its_features_is_refused(env: str, region: str) -> None:
+    """Refused exactly where the region lacks one of its features, naming the first: the
+    regions without SageMaker endpoints refuse every environment, those without inference
+    components only an environment that scales to zero (dev)."""
+    config = ENVIRONMENTS[env]
+    missing = [
+        f for f in CfnFeature if f in REGIONS_WITHOUT[region] & config.cloudformation_features
+    ]
+    if not missing:
+        assert dataclasses.replace(config, region=region).region == region
+        return
     with pytest.raises(
         ConfigError,
         match=rf"^{env}\.region: '{region}' is refused: its CloudFormation schema lacks "
-        r"AWS::SageMaker::EndpointConfig MetricsConfig\.EnableDetailedObservability",
+        + re.escape(str(missing[0])),
     ):
-        dataclasses.replace(ENVIRONMENTS[env], region=region)
+        dataclasses.replace(config, region=region)
+
+
+def test_scale_to_zero_is_refused_where_inference_components_are_missing() -> None:
+    assert CfnFeature.INFERENCE_COMPONENTS in ENVIRONMENTS["dev"].cloudformation_features
+    with pytest.raises(ConfigError, match=r"AWS::SageMaker::InferenceComponent RuntimeConfig"):
+        dataclasses.replace(ENVIRONMENTS["dev"], region="us-west-1")
+    assert dataclasses.replace(ENVIRONMENTS["prod"], region="us-west-1").region == "us-west-1"
 
 
 @pytest.mark.parametrize(

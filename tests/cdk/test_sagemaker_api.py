@@ -33,6 +33,8 @@ SAMPLES = {
     # An asynchronous endpoint's answer and failure paths, and its outcome topics.
     "DestinationS3Uri": "s3://semif-artifacts/async/output/",
     "SnsTopicArn": "arn:aws:sns:us-east-1:498765432107:semif-dev-decision-AsyncSuccessTopic-1A2B",
+    # An inference component names its endpoint by the endpoint's attribute.
+    "EndpointName": "semif-dev-decision",
 }
 CFN_ONLY = {"Tags"}  # CloudFormation members not sent as API members here
 
@@ -45,9 +47,10 @@ def _is_intrinsic(value: Any) -> bool:
     )
 
 
-def check(value: Any, shape_name: str, path: str) -> Iterator[str]:
-    """Every way `value` breaks the botocore shape `shape_name`."""
-    shape = SHAPES[shape_name]
+def check(value: Any, shape_name: str, path: str, shapes: dict[str, Any] = SHAPES) -> Iterator[str]:
+    """Every way `value` breaks the botocore shape `shape_name` (of `shapes`: SageMaker's
+    unless another service's are given)."""
+    shape = shapes[shape_name]
     kind = shape["type"]
     if _is_intrinsic(value):
         if shape_name == "ContainerImage":
@@ -70,7 +73,7 @@ def check(value: Any, shape_name: str, path: str) -> Iterator[str]:
                 yield f"{path}: {shape_name} requires {name}"
         for name, member in members.items():
             if name in value:
-                yield from check(value[name], member["shape"], f"{path}.{name}")
+                yield from check(value[name], member["shape"], f"{path}.{name}", shapes)
     elif kind == "list":
         if not isinstance(value, list):
             yield f"{path}: {shape_name} must be a list"
@@ -79,7 +82,7 @@ def check(value: Any, shape_name: str, path: str) -> Iterator[str]:
             bounds = f"{shape.get('min')}..{shape.get('max')}"
             yield f"{path}: {len(value)} items, {shape_name} takes {bounds}"
         for index, item in enumerate(value):
-            yield from check(item, shape["member"]["shape"], f"{path}[{index}]")
+            yield from check(item, shape["member"]["shape"], f"{path}[{index}]", shapes)
     elif kind == "map":
         if not isinstance(value, dict):
             yield f"{path}: {shape_name} must be a map"
@@ -87,8 +90,8 @@ def check(value: Any, shape_name: str, path: str) -> Iterator[str]:
         if len(value) > shape.get("max", 10**9):
             yield f"{path}: {len(value)} entries > {shape['max']}"
         for key, item in value.items():
-            yield from check(key, shape["key"]["shape"], f"{path} key {key!r}")
-            yield from check(item, shape["value"]["shape"], f"{path}[{key!r}]")
+            yield from check(key, shape["key"]["shape"], f"{path} key {key!r}", shapes)
+            yield from check(item, shape["value"]["shape"], f"{path}[{key!r}]", shapes)
     elif kind == "string":
         if not isinstance(value, str):
             yield f"{path}: {shape_name} must be a string, got {value!r}"
@@ -127,6 +130,13 @@ def _calls(template: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]
         retain = {k: props.pop(k) for k in ("RetainAllVariantProperties",) if k in props}
         yield name, "CreateEndpointInput", props
         yield name, "UpdateEndpointInput", {**props, **retain}
+    for name, component in resources(template, "AWS::SageMaker::InferenceComponent"):
+        props = dict(component["Properties"])
+        deployment = {k: props.pop(k) for k in ("DeploymentConfig",) if k in props}
+        yield name, "CreateInferenceComponentInput", props
+        # Updates send the specification and copies again, by name, with the rollout.
+        update = {k: v for k, v in props.items() if k not in ("EndpointName", "VariantName")}
+        yield name, "UpdateInferenceComponentInput", {**update, **deployment}
 
 
 STACKS = [name for name in ALL_STACKS if name.endswith(("-decision", "-standard"))]
