@@ -47,6 +47,7 @@ from client.decision_client import (
     RetryPolicy,
     ScoreAnswer,
     SystemOneAnswers,
+    WakeUp,
     check_prefix_aware_id,
 )
 from client.errors import BatchInputError
@@ -193,7 +194,23 @@ def _client(args: argparse.Namespace) -> DecisionClient:
         endpoint_url=args.endpoint_url,
         retry=retry,
         prefix_aware_id=args.prefix_aware_id,
+        inference_component=args.inference_component,
+        wake_up=WakeUp(args.wake_up_s) if args.wake_up_s > 0 else None,
+        on_wait=_waking(args.inference_component or args.endpoint_name),
     )
+
+
+def _waking(name: str) -> Callable[[float], None]:
+    """The waiting line while an endpoint that scaled to zero starts a copy."""
+
+    def waiting(seconds: float) -> None:
+        print(
+            f"{name} scaled to zero: waiting for a copy to start ({seconds:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return waiting
 
 
 def _emit(args: argparse.Namespace, answer: Any, table: Callable[[Any], str]) -> None:
@@ -502,6 +519,18 @@ def _parser() -> argparse.ArgumentParser:
         "--endpoint-url", help="send SageMaker runtime calls here (e.g. a local serve)"
     )
     where.add_argument(
+        "--inference-component",
+        help="call the endpoint through this inference component (the stack's "
+        "DecisionInferenceComponentName, on an endpoint that can scale to zero)",
+    )
+    where.add_argument(
+        "--wake-up-s",
+        type=_seconds,
+        default=0.0,
+        help="with --endpoint-name: wait up to this long for an endpoint that scaled to zero "
+        "to start a copy (default 0: fail at once, saying so); a copy takes minutes",
+    )
+    where.add_argument(
         "--prefix-aware-id",
         type=_prefix_aware_id,
         help="a routing hint for an endpoint with prefix-aware routing (1-64 characters): "
@@ -651,8 +680,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `semif` console script; returns the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if getattr(args, "endpoint_url", None) and not args.endpoint_name:
-        parser.error("--endpoint-url goes with --endpoint-name")
+    for option in ("endpoint_url", "inference_component", "wake_up_s"):
+        if getattr(args, option, None) and not args.endpoint_name:
+            parser.error(f"--{option.replace('_', '-')} goes with --endpoint-name")
     try:
         code: int | None = args.run(args)  # a command that judges says its own status
     except UsageError as error:

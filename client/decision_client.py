@@ -55,8 +55,14 @@ from client.answers import (
 from client.async_endpoint import run_async
 from client.aws import aws_client
 from client.error_mapping import RETRY_AFTER_FIELD, RETRY_TOKEN_FIELD, retry_token_of
-from client.errors import BusyError, EndpointError, StreamError, UnreachableError
-from client.retry import RetryPolicy, parse_retry_after
+from client.errors import (
+    BusyError,
+    EndpointError,
+    ScaledToZeroError,
+    StreamError,
+    UnreachableError,
+)
+from client.retry import RetryPolicy, WakeUp, parse_retry_after
 from client.streams import (
     ChatStream,
     ChatUsage,
@@ -110,6 +116,7 @@ __all__ = [
     "NoulAnswer",
     "RetryPolicy",
     "SageMakerTransport",
+    "ScaledToZeroError",
     "ScoreAnswer",
     "StreamError",
     "StreamedDecision",
@@ -117,6 +124,7 @@ __all__ = [
     "SystemOneAnswers",
     "Transport",
     "UnreachableError",
+    "WakeUp",
     "check_prefix_aware_id",
     "custom_attributes",
     "parse_retry_after",
@@ -138,9 +146,16 @@ class DecisionClient:
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wake_up: WakeUp | None = None,
+        on_wait: Callable[[float], None] | None = None,
     ) -> None:
         self.transport = transport
         self.retry = retry or RetryPolicy()
+        # An endpoint that scaled to zero (ScaledToZeroError): without a wake-up the call
+        # fails at once; with one it waits up to its budget, `on_wait` hearing the seconds
+        # waited before each sleep (the CLI's waiting line).
+        self.wake_up = wake_up
+        self._on_wait = on_wait
         self._sleep = sleep
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
         self._clock = clock  # measures the retry budget; injected with `sleep` in tests
@@ -174,13 +189,19 @@ class DecisionClient:
         retry: RetryPolicy | None = None,
         control_client: Any = None,
         prefix_aware_id: str | None = None,
+        inference_component: str | None = None,
+        wake_up: WakeUp | None = None,
+        on_wait: Callable[[float], None] | None = None,
     ) -> DecisionClient:
         """A SageMaker endpoint. `endpoint_url` sends the runtime calls elsewhere (e.g. a
         local serve) with the client's own boto3 settings; `runtime_client` reuses a boto3
         client configured by the caller, botocore retries included. `prefix_aware_id` (1-64
         printable characters) is InvokeEndpoint's `PrefixAwareId`: on an endpoint with
         prefix-aware routing, requests with the same leading bytes and the same id go to
-        the same instance, so applications that share prompt prefixes can keep apart."""
+        the same instance, so applications that share prompt prefixes can keep apart.
+        `inference_component` (the stack's DecisionInferenceComponentName) calls an endpoint
+        that can scale to zero through its component; `wake_up` lets a call wait for it to
+        start a copy again instead of failing with ScaledToZeroError at once."""
         transport = SageMakerTransport(
             endpoint_name,
             region=region,
@@ -188,8 +209,9 @@ class DecisionClient:
             endpoint_url=endpoint_url,
             control_client=control_client,
             prefix_aware_id=prefix_aware_id,
+            inference_component=inference_component,
         )
-        return cls(transport, retry=retry)
+        return cls(transport, retry=retry, wake_up=wake_up, on_wait=on_wait)
 
     def invoke(self, body: Mapping[str, Any]) -> Any:
         """POST any body to /invocations (its state first, `state_first`) and return the
@@ -228,10 +250,23 @@ class DecisionClient:
         started = self._clock()
         attempts = 0
         token: str | None = None  # the place the last refusal gave, sent back with the retry
+        waking: float | None = None  # when the first call found no copy
+        waits = 0
         while True:
             attempts += 1
             try:
                 return attempt(token)
+            except ScaledToZeroError as error:
+                waking = self._clock() if waking is None else waking
+                waited = self._clock() - waking
+                delay = None if self.wake_up is None else self.wake_up.delay_s(waits, waited)
+                if delay is None:
+                    raise self._not_awake(error, waited) from error
+                if self._on_wait is not None:
+                    self._on_wait(waited)
+                self._sleep(delay)
+                waits += 1
+                started, attempts = self._clock(), 0  # busy answers' budget: from the copy
             except BusyError as error:
                 token = error.retry_token
                 elapsed = self._clock() - started
@@ -248,6 +283,19 @@ class DecisionClient:
                         retry_token=token,
                     ) from error
                 self._sleep(self.retry.delay_s(attempts - 1, elapsed, hint, self._rng.random()))
+
+    def _not_awake(self, error: ScaledToZeroError, waited: float) -> ScaledToZeroError:
+        """What a call that found no copy raises: at once without a wake-up budget (saying
+        how to wait), else once the budget is spent."""
+        if self.wake_up is None:
+            advice = "retry in a few minutes, or give the client a wake-up budget (WakeUp)"
+            return ScaledToZeroError(error.status, f"{error.message}; {advice}", error.body)
+        return ScaledToZeroError(
+            error.status,
+            f"still no copy after {waited:.0f} s (wake-up budget {self.wake_up.budget_s:g} s): "
+            f"{error.message}",
+            error.body,
+        )
 
     def decide(self, decision: Mapping[str, Any], **reading: str | float) -> DecisionResult:
         """One decision: {"id", "state", "question", "options": [{"id", "description"}]}.

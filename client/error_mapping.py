@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from client.errors import BusyError, EndpointError
+from client.errors import BusyError, EndpointError, ScaledToZeroError
 from client.retry import parse_retry_after
 
 _BUSY_AWS_ERRORS = ("ThrottlingException", "ServiceUnavailable", "ModelNotReadyException")
@@ -28,6 +28,14 @@ RETRY_AFTER_FIELD = "retry_after_seconds"
 # the retry (`client.wire.custom_attributes`).
 RETRY_TOKEN_FIELD = "retry_token"  # noqa: S105 - names, not secrets
 _RETRY_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# What SageMaker answers a call that finds an inference component with no copy (HTTP 400,
+# `ValidationError`): "Inference Component has no capacity to process this request.
+# ApplicationAutoScaling may be in-progress (if configured) or try to increase the capacity
+# by invoking UpdateInferenceComponentRuntimeConfig API." botocore's service model does not
+# list it; the text is AWS's own, quoted in its scale-to-zero post
+# (https://aws.amazon.com/blogs/machine-learning/unlock-cost-savings-with-the-new-scale-down-to-zero-feature-in-amazon-sagemaker-inference/).
+NO_CAPACITY_CODE = "ValidationError"
+NO_CAPACITY_MESSAGE = "Inference Component has no capacity to process this request"
 
 
 def _retry_after_s(header: str | None, body: Any) -> float | None:
@@ -81,7 +89,8 @@ def error_from_body(
 
 
 def error_from_client_error(response: Mapping[str, Any]) -> EndpointError:
-    """ModelError -> the container's own status and message; throttling -> busy. A
+    """ModelError -> the container's own status and message; no copy of the inference
+    component -> scaled to zero; throttling -> busy. A
     Retry-After on the AWS answer itself is honoured (the local serve's SageMaker route
     keeps the container's; SageMaker is not known to)."""
     code = response.get("Error", {}).get("Code", "")
@@ -92,6 +101,10 @@ def error_from_client_error(response: Mapping[str, Any]) -> EndpointError:
         original = str(response.get("OriginalMessage", message))
         return error_from_answer(int(response["OriginalStatusCode"]), original, retry_after)
     status = int(metadata.get("HTTPStatusCode", 0))
+    if code == NO_CAPACITY_CODE and NO_CAPACITY_MESSAGE in message:
+        return ScaledToZeroError(
+            status, f"scaled to zero, a copy is starting: {message}", dict(response)
+        )
     if code in _BUSY_AWS_ERRORS:
         hint = _retry_after_s(retry_after, None)
         return BusyError(status, f"{code}: {message}", dict(response), retry_after_s=hint)

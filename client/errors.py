@@ -41,6 +41,13 @@ class BusyError(EndpointError):
         self.retry_token = retry_token
 
 
+class ScaledToZeroError(EndpointError):
+    """The endpoint's inference component has no copy running: it scaled to zero while no
+    call came. The refused call itself starts a copy, which takes minutes (an instance, the
+    model's download, its health check). Raised at once unless the client was given a
+    wake-up budget (`client.retry.WakeUp`), and then once the budget is spent."""
+
+
 class UnreachableError(EndpointError):
     """No HTTP answer at all (connection refused, timeout); status is 0."""
 

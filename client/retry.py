@@ -1,6 +1,7 @@
 """The retry policy: when a busy answer may be tried again, and after how long.
 
-Pure arithmetic over attempts, elapsed time and the endpoint's hint, kept apart from the
+Pure arithmetic over attempts, elapsed time and the endpoint's hint (and, for an endpoint
+that scaled to zero, how long to wait for it to wake: `WakeUp`), kept apart from the
 transports so it can be read and tested on its own: `DecisionClient` runs the loop that
 applies it, and `client.error_mapping` reads the hint out of an answer with
 `parse_retry_after`.
@@ -14,6 +15,31 @@ from datetime import UTC
 from email.utils import parsedate_to_datetime
 
 _DELTA_SECONDS = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class WakeUp:
+    """How long a call may wait for an endpoint that scaled to zero to start a copy again
+    (`ScaledToZeroError`), and how often it asks meanwhile: after `first_delay_s`, doubling
+    up to `max_delay_s`. A copy takes minutes (the endpoint's NotWaking alarm pages after
+    16), so a budget shorter than that only shortens the wait before the same error. The
+    retry policy's budget for busy answers starts again once the copy has answered."""
+
+    budget_s: float
+    first_delay_s: float = 5.0
+    max_delay_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if min(self.budget_s, self.first_delay_s, self.max_delay_s) < 0:
+            raise ValueError("a wake-up's budget and delays must be >= 0")
+
+    def delay_s(self, waits: int, waited_s: float) -> float | None:
+        """The sleep before asking again after `waits` earlier waits, `waited_s` into the
+        wait; None once the budget is spent."""
+        left = self.budget_s - waited_s
+        if left <= 0:
+            return None
+        return min(self.max_delay_s, self.first_delay_s * 2.0**waits, left)
 
 
 @dataclass(frozen=True)

@@ -204,10 +204,14 @@ class SageMakerTransport:
         control_client: Any = None,
         poll_s: float = 15.0,
         prefix_aware_id: str | None = None,
+        inference_component: str | None = None,
     ) -> None:
         if runtime_client is not None and endpoint_url is not None:
             raise ValueError("pass runtime_client or endpoint_url, not both")
         self.endpoint_name = endpoint_name
+        # An endpoint that hosts its model as an inference component (one that can scale
+        # to zero) is called through it: InvokeEndpoint's InferenceComponentName.
+        self.inference_component = inference_component
         self.prefix_aware_id = check_prefix_aware_id(prefix_aware_id)
         self.region = region
         self.poll_s = poll_s  # DescribeEndpoint interval while waiting
@@ -220,7 +224,10 @@ class SageMakerTransport:
         return self._runtime
 
     def describe(self) -> str:
-        return f"SageMaker endpoint {self.endpoint_name}"
+        through = f" (inference component {self.inference_component})"
+        return f"SageMaker endpoint {self.endpoint_name}" + (
+            through if self.inference_component else ""
+        )
 
     def close(self) -> None:
         """boto3 clients hold no resources that need closing."""
@@ -259,6 +266,8 @@ class SageMakerTransport:
         extra = {} if retry_token is None else {"CustomAttributes": custom_attributes(retry_token)}
         if self.prefix_aware_id is not None:
             extra["PrefixAwareId"] = self.prefix_aware_id
+        if self.inference_component is not None:
+            extra["InferenceComponentName"] = self.inference_component
         try:
             return invoke(
                 EndpointName=self.endpoint_name,
