@@ -124,7 +124,9 @@ class EndpointDashboard(Construct):
     idle) a row for its copies: how many run (the samples a minute of each copy's
     `CPUUtilizationNormalized`, one per copy), the calls refused for want of one
     (`NoCapacityInvocationFailures`: how long a wake-up took is the run of minutes with
-    refusals), and the requests per copy its target tracking reads."""
+    refusals), and the requests per copy its target tracking reads. On GPU pools
+    (`instance_types`) the copies are counted per pool type too (`InstanceType`): which
+    types the wake-ups found capacity on."""
 
     def __init__(
         self,
@@ -135,6 +137,7 @@ class EndpointDashboard(Construct):
         alarms: Sequence[cloudwatch.IAlarm],
         queries: Mapping[str, str],
         inference_component_name: str | None = None,
+        instance_types: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, construct_id)
         dimensions = {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}
@@ -188,6 +191,16 @@ class EndpointDashboard(Construct):
         rows: list[list[cloudwatch.IWidget]] = [[traffic, latency, instances]]
         if inference_component_name is not None:
             copies = component_dimensions(inference_component_name)
+            per_type = [
+                sagemaker_metric(
+                    COMPONENT_NAMESPACE,
+                    COPY_SAMPLE_METRIC,
+                    component_dimensions(inference_component_name, instance_type),
+                    "SampleCount",
+                    f"copies on {instance_type}",
+                )
+                for instance_type in instance_types
+            ]
             rows.append(
                 [
                     graph(
@@ -195,6 +208,7 @@ class EndpointDashboard(Construct):
                         sagemaker_metric(
                             COMPONENT_NAMESPACE, COPY_SAMPLE_METRIC, copies, "SampleCount", "copies"
                         ),
+                        *per_type,
                         sagemaker_metric(
                             INVOCATION_NAMESPACE,
                             NO_CAPACITY_METRIC,

@@ -201,9 +201,10 @@ class EndpointAlarms(Construct):
     shadows (a shadow's alarms page and never roll anything back).
 
     `inference_component_name`: the model is that inference component, whose invocation
-    metrics SageMaker publishes under `InferenceComponentName`, so the 5XX rate (still the
+    metrics SageMaker publishes under `InferenceComponentName` (with pools, per pool type
+    under `InferenceComponentName` and `InstanceType` too), so the 5XX rate (still the
     rollback alarm, now of the component's rolling updates) reads those; the instances'
-    health stays the variant's.
+    health stays the variant's (per pool type with pools).
     """
 
     def __init__(
@@ -221,10 +222,6 @@ class EndpointAlarms(Construct):
         inference_component_name: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        require(
-            inference_component_name is None or not instance_types,
-            "alarms: an inference component on instance pools",
-        )
         require(
             max_latency_seconds is None or max_latency_seconds > 0,
             f"alarms max_latency_seconds: {max_latency_seconds} must be > 0",
@@ -250,7 +247,7 @@ class EndpointAlarms(Construct):
                     _five_xx_check(
                         dimensions
                         if inference_component_name is None
-                        else component_dimensions(inference_component_name),
+                        else component_dimensions(inference_component_name, instance_type),
                         thresholds.five_xx_rate_percent,
                     ),
                     *_health_checks(dimensions, thresholds, gpu),
@@ -289,10 +286,16 @@ def _notify(alarms: Sequence[cloudwatch.AlarmBase], topic: sns.ITopic) -> None:
         alarm.add_ok_action(action)
 
 
-def component_dimensions(inference_component_name: str) -> dict[str, str]:
+def component_dimensions(
+    inference_component_name: str, instance_type: str | None = None
+) -> dict[str, str]:
     """The dimensions of an inference component's metrics (AWS/SageMaker's invocation
-    metrics, `/aws/sagemaker/InferenceComponents`' utilization)."""
-    return {"InferenceComponentName": inference_component_name}
+    metrics, `/aws/sagemaker/InferenceComponents`' utilization), narrowed to its copies on
+    one pool type by `instance_type` (the combination SageMaker publishes with pools)."""
+    dimensions = {"InferenceComponentName": inference_component_name}
+    if instance_type is not None:
+        dimensions["InstanceType"] = instance_type
+    return dimensions
 
 
 def _five_xx_check(dimensions: dict[str, str], percent: float) -> Check:
@@ -497,7 +500,8 @@ COPY_SAMPLE_METRIC = "CPUUtilizationNormalized"
 # first, so a longer idle period could never be the one that applies.
 MAX_IDLE_MINUTES = 15
 # An instance to start before the copy's own start (the component's start-up timeouts),
-# and the minute the wake alarm and its policy take.
+# and the minute the wake alarm and its policy take. On instance pools SageMaker may spend
+# up to the variant's VariantInstanceProvisionTimeoutInSeconds falling back across them.
 INSTANCE_START_MINUTES = 5
 _METRICS = appscaling.PredefinedMetric
 CONCURRENCY_PER_COPY_METRIC = (
@@ -522,10 +526,13 @@ class ScaleToZero:
         )
 
 
-def wake_minutes(startup_seconds: int) -> int:
+def wake_minutes(startup_seconds: int, *, provision_seconds: int = 0) -> int:
     """How long a wake-up from zero may take: the alarm and its policy, an instance's
-    start, then the copy's model download and health check (`startup_seconds`)."""
-    return 1 + INSTANCE_START_MINUTES + math.ceil(startup_seconds / 60)
+    start (on instance pools as long as `provision_seconds`, the provisioning timeout
+    across them, where that is longer), then the copy's model download and health check
+    (`startup_seconds`)."""
+    instance = max(INSTANCE_START_MINUTES, math.ceil(provision_seconds / 60))
+    return 1 + instance + math.ceil(startup_seconds / 60)
 
 
 class InferenceComponentAutoscaling(Construct):
@@ -539,7 +546,11 @@ class InferenceComponentAutoscaling(Construct):
     copies; its alarm adds the calls refused for lack of capacity to the calls answered,
     so a wake-up in progress is never taken for idleness. At zero a call is refused
     (`NoCapacityInvocationFailures`), and a step policy adds one copy (`FromZero`). A
-    wake-up that takes longer than `wake_minutes` pages (`NotWaking`, in `alarms`).
+    wake-up that takes longer than `wake_minutes` pages (`NotWaking`, in `alarms`). On
+    instance pools both that bound and the wake-up policy's cooldown include
+    `provision_seconds`, the variant's provisioning timeout: a fallback to a lower-priority
+    pool type is a slow start, not a failure, and a second copy asked meanwhile would only
+    wait for capacity beside the first.
     """
 
     def __init__(
@@ -553,6 +564,7 @@ class InferenceComponentAutoscaling(Construct):
         target_concurrency: float,
         startup_seconds: int,
         topic: sns.ITopic,
+        provision_seconds: int = 0,
     ) -> None:
         super().__init__(scope, construct_id)
         component = endpoint.inference_component
@@ -589,7 +601,8 @@ class InferenceComponentAutoscaling(Construct):
             description=f"{name}: a call found no copy; start one",
             metric=metric(NO_CAPACITY_METRIC),
             aggregation=appscaling.MetricAggregationType.MAXIMUM,
-            startup_seconds=startup_seconds,
+            # On pools the copy may wait that long for an instance of some pool type.
+            startup_seconds=startup_seconds + provision_seconds,
         )
         to_zero = appscaling.StepScalingAction(
             self,
@@ -623,7 +636,7 @@ class InferenceComponentAutoscaling(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
         self.idle_alarm.add_alarm_action(cloudwatch_actions.ApplicationScalingAction(to_zero))
-        minutes = wake_minutes(startup_seconds)
+        minutes = wake_minutes(startup_seconds, provision_seconds=provision_seconds)
         not_waking = cloudwatch.Alarm(
             self,
             "NotWaking",

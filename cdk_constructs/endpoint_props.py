@@ -438,7 +438,9 @@ class InferenceComponentHosting:
 
     One copy asks `cpu_cores` and `memory_mib` of an instance (ComputeResourceRequirements:
     what SageMaker places copies by; `NumberOfCpuCoresRequired`, `MinMemoryRequiredInMb`)
-    and `accelerators` GPUs (none on CPU). A deploy starts `initial_copy_count` copies;
+    and `accelerators` GPUs (none on CPU; on GPU pools one, of whichever pool type SageMaker
+    started, so the cores and memory are what the smallest type offers). A deploy starts
+    `initial_copy_count` copies;
     scaling (`InferenceComponentAutoscaling`) moves the count afterwards, down to zero.
     """
 

@@ -80,7 +80,10 @@ class SageMakerEndpoint(Construct):
     component's own DeploymentConfig with the rollback alarms: a new model, image or
     environment changes the component, not the endpoint config, so an endpoint
     DeploymentConfig would never see them. Not with a shadow (ShadowProductionVariants
-    name a model per variant) or an asynchronous endpoint.
+    name a model per variant) or an asynchronous endpoint. On GPU pools the variant keeps
+    its InstancePools and the component one Specification for all of them (SageMaker's
+    developer guide: the same model and resources on every pool type), so its copy asks
+    what the smallest pool type offers and a GPU (`InferenceComponentHosting.accelerators`).
     """
 
     def __init__(
@@ -115,9 +118,11 @@ class SageMakerEndpoint(Construct):
                 "variants without a model of their own",
             )
             require(
-                isinstance(placement, CpuPlacement),
-                f"{endpoint_name}: an inference component on GPU pools; its one "
-                "Specification is sized for one instance type",
+                (inference_component.accelerators > 0) == isinstance(placement, GpuPlacement),
+                f"{endpoint_name}: an inference component asking "
+                f"{inference_component.accelerators} GPUs of a {type(placement).__name__}; "
+                "a copy on GPU pools needs a GPU (NumberOfAcceleratorDevicesRequired), one on "
+                "a CPU type none",
             )
         require(
             len(rollback_alarms) <= MAX_ROLLBACK_ALARMS,

@@ -136,6 +136,14 @@ COPY_MEMORY_SHARE = 0.75
 # What a copy needs beyond the weights and the KV cache: the Python process, llama.cpp's
 # compute buffers for a full pass, the tokenizer.
 COPY_OVERHEAD_BYTES = 1 << 30
+# SageMaker's GPU families that instance pools name here: host memory per vCPU and the
+# memory of each GPU (GiB: g4dn's T4, g5's A10G, g6's L4, g6e's L40S), and the sizes with
+# more than one GPU (the others have one); what a copy on GPU pools is sized to.
+_GPU_FAMILIES = {"g4dn": (4, 16), "g5": (4, 24), "g6": (4, 24), "g6e": (8, 48)}
+_GPUS = {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8}
+# Of a GPU's memory, what llama.cpp may count on: the driver and the CUDA context keep the
+# rest (a T4's 16 GiB shows 15 GiB to CUDA).
+GPU_MEMORY_SHARE = 0.9
 
 
 def instance_memory_bytes(instance_type: str) -> int | None:
@@ -150,6 +158,41 @@ def instance_vcpus(instance_type: str) -> int | None:
     """vCPUs of `ml.<family>.<size>` by its size (every general family alike); None for a
     size not in the table."""
     return _VCPUS.get(instance_type.split(".")[2])
+
+
+@dataclass(frozen=True, kw_only=True)
+class CopyRoom:
+    """What one inference component copy may be given on `instance_type`: vCPUs and memory
+    (on a type with several GPUs, its share per GPU, one copy per GPU) and, on GPU, the
+    memory of its one GPU (None on CPU)."""
+
+    instance_type: str
+    vcpus: int
+    memory_bytes: int
+    gpu_memory_bytes: int | None = None
+
+
+def copy_room(instance_type: str, *, gpu: bool) -> CopyRoom | None:
+    """`instance_type`'s room for a copy: a CPU type of the c, m or r families, or (`gpu`)
+    one of `_GPU_FAMILIES`; None for a type not known here."""
+    vcpus = instance_vcpus(instance_type)
+    if not gpu:
+        memory = instance_memory_bytes(instance_type)
+        if vcpus is None or memory is None:
+            return None
+        return CopyRoom(instance_type=instance_type, vcpus=vcpus, memory_bytes=memory)
+    family, size = instance_type.split(".")[1:3]
+    known = _GPU_FAMILIES.get(family)
+    if known is None or vcpus is None:
+        return None
+    gib_per_vcpu, gpu_gib = known
+    gpus = _GPUS.get(size, 1)
+    return CopyRoom(
+        instance_type=instance_type,
+        vcpus=vcpus // gpus,
+        memory_bytes=gib_per_vcpu * vcpus // gpus << 30,
+        gpu_memory_bytes=gpu_gib << 30,
+    )
 
 
 def has_amx(instance_type: str) -> bool:
@@ -519,8 +562,9 @@ class DecisionEndpointSettings:
     allow_full_audit: bool = False
     # A shadow variant on the real-time endpoint; None (every shipped environment): none.
     candidate: CandidateSettings | None = None
-    # The model as an inference component scaled to zero copies (and instances) when idle;
-    # None: the variant serves it on `autoscaling.min_capacity` instances or more, always.
+    # The model as an inference component scaled to zero copies (and instances) when idle,
+    # on the CPU instance or on the GPU pools; None: the variant serves it on
+    # `autoscaling.min_capacity` instances or more, always.
     scale_to_zero: ScaleToZero | None = None
 
     def __post_init__(self) -> None:
@@ -570,17 +614,13 @@ class DecisionEndpointSettings:
             self._check_scale_to_zero()
 
     def _check_scale_to_zero(self) -> None:
-        """What an inference component scaled to zero can be: on one CPU instance type whose
-        memory and vCPUs are known here (the copy's resources are asked from them), without
-        a shadow (ShadowProductionVariants name a model per variant; a variant hosting
-        components has none) and updated in rolling batches of one copy (ALL_AT_ONCE)."""
-        placement = self.placement
-        _require(
-            isinstance(placement, CpuPlacement),
-            "decision.scale_to_zero: set with GPU pools (decision.placement); the inference "
-            "component is sized for one CPU instance type, and pools would need a "
-            "specification per pool type: leave scale_to_zero unset on GPU pools",
-        )
+        """What an inference component scaled to zero can be: on instance types whose memory
+        and vCPUs are known here (the CPU instance, or every GPU pool type: the copy's
+        resources are asked from them, `copy_rooms`), without a shadow
+        (ShadowProductionVariants name a model per variant; a variant hosting components has
+        none) and updated in rolling batches of one copy (ALL_AT_ONCE). Instance pools take
+        inference components, with one Specification for every pool type ("Deploy to
+        multiple instance types with instance pools", SageMaker's developer guide)."""
         _require(
             self.candidate is None,
             "decision.candidate: set with decision.scale_to_zero; a shadow variant needs a "
@@ -592,51 +632,72 @@ class DecisionEndpointSettings:
             f"decision.rollout: {self.rollout.traffic.value} with decision.scale_to_zero; an "
             "inference component updates in rolling batches of one copy, give ALL_AT_ONCE",
         )
-        assert isinstance(placement, CpuPlacement)
-        instance = placement.instance_type
-        _require(
-            instance_memory_bytes(instance) is not None,
-            f"decision.scale_to_zero: {instance}'s memory is not known here (c, m and r "
-            "families); the copy asks a share of it",
+        rooms = self.copy_rooms
+        if isinstance(self.placement, CpuPlacement):  # one room, the instance's
+            (room,) = rooms
+            _require(
+                self.threads is not None and self.threads <= room.vcpus,
+                f"decision.threads: {self.threads} with decision.scale_to_zero on "
+                f"{room.instance_type} ({room.vcpus} vCPUs); the copy asks one core per thread",
+            )
+
+    @property
+    def copy_rooms(self) -> tuple[CopyRoom, ...]:
+        """The room a copy has on each instance type it may run on: the CPU instance, or
+        every GPU pool type, since SageMaker starts whichever has capacity and one
+        Specification serves them all (the copy asks what the least of them offers)."""
+        placement = self.placement
+        gpu = isinstance(placement, GpuPlacement)
+        types = (
+            placement.instance_pools
+            if isinstance(placement, GpuPlacement)
+            else (placement.instance_type,)
         )
-        vcpus = instance_vcpus(instance)
-        _require(
-            self.threads is not None and vcpus is not None and self.threads <= vcpus,
-            f"decision.threads: {self.threads} with decision.scale_to_zero on {instance} "
-            f"({vcpus} vCPUs); the copy asks one core per thread",
-        )
+        rooms = []
+        for instance_type in types:
+            room = copy_room(instance_type, gpu=gpu)
+            _require(
+                room is not None,
+                f"decision.scale_to_zero: {instance_type}'s memory is not known here (c, m "
+                f"and r families on CPU, {', '.join(_GPU_FAMILIES)} in GPU pools); the copy "
+                "asks a share of it",
+            )
+            assert room is not None
+            rooms.append(room)
+        return tuple(rooms)
 
     @property
     def copy_memory_bytes(self) -> int:
-        """What one copy asks: COPY_MEMORY_SHARE of its CPU instance, in whole MiB."""
-        memory = (
-            instance_memory_bytes(self.placement.instance_type)
-            if isinstance(self.placement, CpuPlacement)
-            else None
-        )
-        if memory is None:
-            raise ConfigError("decision.scale_to_zero: needs a CPU instance of known memory")
-        return int(COPY_MEMORY_SHARE * memory) >> 20 << 20
+        """What one copy asks: COPY_MEMORY_SHARE of the least memory any of its instance
+        types gives it, in whole MiB."""
+        least = min(room.memory_bytes for room in self.copy_rooms)
+        return int(COPY_MEMORY_SHARE * least) >> 20 << 20
 
     def inference_component_hosting(self, component_name: str) -> InferenceComponentHosting:
         """The copy this endpoint's inference component runs: as many cores as llama.cpp
-        threads, `copy_memory_bytes`, one copy per instance (so at most
-        `autoscaling.max_capacity` of each), `autoscaling.min_capacity` copies started by
-        each deploy (and proved by its check) before scaling takes them to zero."""
-        if self.scale_to_zero is None or self.threads is None:
+        threads on CPU; on GPU pools (no `threads`: the adapter takes the cores it sees) the
+        vCPUs of the smallest pool type and one GPU; `copy_memory_bytes`; one copy per
+        instance (so at most `autoscaling.max_capacity` of each), `autoscaling.min_capacity`
+        copies started by each deploy (and proved by its check) before scaling takes them to
+        zero."""
+        if self.scale_to_zero is None:
             raise ConfigError("decision.scale_to_zero: not set")
+        rooms = self.copy_rooms
         return InferenceComponentHosting(
             component_name=component_name,
-            cpu_cores=self.threads,
+            cpu_cores=min(room.vcpus for room in rooms) if self.threads is None else self.threads,
             memory_mib=self.copy_memory_bytes >> 20,
             max_instance_count=self.autoscaling.max_capacity,
             initial_copy_count=self.autoscaling.min_capacity,
+            accelerators=1 if self.uses_gpu else 0,
         )
 
     def check_copy_memory(self, model: ModelSource) -> None:
         """A copy's memory must hold `model`'s weights, the KV cache the adapter will size
         to that memory (SEMIF_KV_MEMORY, read against the container's memory as the adapter
-        reads it) and COPY_OVERHEAD_BYTES; the weights' size comes from `model.size_bytes`."""
+        reads it) and COPY_OVERHEAD_BYTES; the weights' size comes from `model.size_bytes`.
+        On GPU pools the same bytes must also fit GPU_MEMORY_SHARE of every pool type's GPU:
+        llama.cpp puts the offloaded layers there, their KV cache and its compute buffers."""
         if self.scale_to_zero is None:
             return
         _require(
@@ -649,14 +710,28 @@ class DecisionEndpointSettings:
         budget = KvBudget.parse(self.kv_memory)
         kv = budget.limit(weights_bytes=model.size_bytes, container_bytes=memory)
         need = model.size_bytes + kv + COPY_OVERHEAD_BYTES
+        parts = (
+            f"{model.size_bytes >> 20} MiB of weights (model.size_bytes), {kv >> 20} MiB of KV "
+            f"cache (decision.kv_memory={self.kv_memory}) and {COPY_OVERHEAD_BYTES >> 20} MiB "
+            "for the process"
+        )
         _require(
             need <= memory,
             f"decision.scale_to_zero: a copy asks {memory >> 20} MiB, less than the "
-            f"{need >> 20} MiB it needs: {model.size_bytes >> 20} MiB of weights "
-            f"(model.size_bytes), {kv >> 20} MiB of KV cache (decision.kv_memory="
-            f"{self.kv_memory}) and {COPY_OVERHEAD_BYTES >> 20} MiB for the process; use a "
-            "larger instance or a smaller kv_memory",
+            f"{need >> 20} MiB it needs: {parts}; use a larger instance or a smaller "
+            "kv_memory",
         )
+        for room in self.copy_rooms:
+            if room.gpu_memory_bytes is None:
+                continue
+            usable = int(GPU_MEMORY_SHARE * room.gpu_memory_bytes)
+            _require(
+                need <= usable,
+                f"decision.scale_to_zero: {room.instance_type}'s GPU gives a copy "
+                f"{usable >> 20} MiB ({GPU_MEMORY_SHARE:g} of {room.gpu_memory_bytes >> 20} "
+                f"MiB), less than the {need >> 20} MiB it needs: {parts}; drop that pool type "
+                "or use a smaller kv_memory",
+            )
 
     def _check_candidate(self, candidate: CandidateSettings) -> None:
         """A shadow is compared by its audit records, so it needs them; it runs the

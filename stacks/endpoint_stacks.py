@@ -91,9 +91,10 @@ class DecisionEndpointStack(Stack):
 
     `settings.scale_to_zero` serves the model as the inference component
     `<endpoint>-model` instead (`InferenceComponentAutoscaling`: copies from zero, the
-    instances following): the same rollback alarms then watch the component's rolling
-    updates, its 5XX rate read from the component's metrics; a wake-up that does not come
-    pages; the dashboard shows the copies; an output names the component for callers."""
+    instances following, on the CPU instance or the GPU pools): the same rollback alarms
+    then watch the component's rolling updates, its 5XX rate read from the component's
+    metrics (per pool type with pools); a wake-up that does not come pages; the dashboard
+    shows the copies; an output names the component for callers."""
 
     def __init__(
         self,
@@ -199,6 +200,7 @@ class DecisionEndpointStack(Stack):
             ],
             queries=decision_queries(endpoint_name),
             inference_component_name=component_name,
+            instance_types=settings.instance_pools,
         )
         self.check = EndpointCheck(
             self,
@@ -244,6 +246,9 @@ class DecisionEndpointStack(Stack):
             target_concurrency=settings.target_concurrency,
             startup_seconds=settings.startup_timeout_seconds,
             topic=alarm_topic,
+            provision_seconds=settings.placement.provision_timeout_seconds
+            if isinstance(settings.placement, GpuPlacement)
+            else 0,
         )
         return scaling.alarms
 

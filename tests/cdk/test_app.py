@@ -92,7 +92,7 @@ def test_cdk_nag_has_no_findings(synth: Synth, stack: str) -> None:
     assert synth.violations.get(stack, []) == []
 
 
-def _lint_problems(name: str, template: str, region: str) -> list[str]:
+def lint_problems(name: str, template: str, region: str) -> list[str]:
     """cfn-lint's errors and warnings, as its CLI reports by default, less the allowed."""
     from cfnlint.api import lint
 
@@ -109,7 +109,7 @@ def test_cfn_lint_passes_on_every_template(synth: Synth) -> None:
     for name in synth.templates:
         region = ENVIRONMENTS[name.split("-")[1]].region
         path = synth.outdir / f"{name}.template.json"
-        problems += _lint_problems(name, path.read_text(), region)
+        problems += lint_problems(name, path.read_text(), region)
     assert problems == []
 
 
@@ -121,7 +121,7 @@ def test_cfn_lint_passes_with_a_candidate(candidate_templates: dict[str, Any]) -
     for config in (CPU_ENV, GPU_ENV):
         for unit in ("artifact", "decision"):
             name = f"semif-{config.name}-{unit}"
-            problems += _lint_problems(name, json.dumps(candidate_templates[name]), config.region)
+            problems += lint_problems(name, json.dumps(candidate_templates[name]), config.region)
     assert problems == []
 
 

@@ -142,7 +142,7 @@ def _calls(template: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]
 STACKS = [name for name in ALL_STACKS if name.endswith(("-decision", "-standard"))]
 
 
-def _problems(template: dict[str, Any]) -> list[str]:
+def api_problems(template: dict[str, Any]) -> list[str]:
     return [
         f"{name} ({shape}): {problem}"
         for name, shape, request in _calls(template)
@@ -152,7 +152,7 @@ def _problems(template: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_sagemaker_resources_match_the_sagemaker_api(synth: Synth, stack: str) -> None:
-    assert _problems(synth.templates[stack]) == []
+    assert api_problems(synth.templates[stack]) == []
 
 
 @pytest.mark.parametrize("stack", ["semif-shadow-decision", "semif-shadow-gpu-decision"])
@@ -163,7 +163,7 @@ def test_shadow_variants_match_the_sagemaker_api(
     a ProductionVariant like the primary, and with shadows CreateEndpointConfig takes
     exactly one production and one shadow variant (the member's documentation)."""
     template = candidate_templates[stack]
-    assert _problems(template) == []
+    assert api_problems(template) == []
     shadowed = [
         request
         for _, shape, request in _calls(template)
