@@ -160,13 +160,19 @@ class _SleepingEndpoint:
                 {"message": NO_CAPACITY}, 400, {"x-amzn-errortype": "ValidationError"}
             )
         name = request.path_params["name"]
-        forwarded = httpx.post(
-            f"{self.copy_url}/endpoints/{name}/invocations",
-            content=await request.body(),
-            headers={"content-type": request.headers["content-type"]},
-            timeout=60,
+        async with httpx.AsyncClient(timeout=60) as copy:
+            forwarded = await copy.post(
+                f"{self.copy_url}/endpoints/{name}/invocations",
+                content=await request.body(),
+                headers={"content-type": request.headers["content-type"]},
+            )
+        # The copy's answer as SageMaker passes it on: its body and content type (its own
+        # framing headers belong to its connection, not this one).
+        return Response(
+            forwarded.content,
+            forwarded.status_code,
+            media_type=forwarded.headers.get("content-type"),
         )
-        return Response(forwarded.content, forwarded.status_code, dict(forwarded.headers))
 
 
 @pytest.fixture
