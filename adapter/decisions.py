@@ -58,8 +58,12 @@ def decide(
         if policy.coverage is not None
     }
 
+    told: dict[int, dict[str, Any]] = {}  # a streamed request's results, as told
+
     def shaped(index: int, reading: Reading, reused: int) -> dict[str, Any]:
-        return result(service, variants[index], reading, reused, policy, scores)
+        if index not in told:
+            told[index] = result(service, variants[index], reading, reused, policy, scores)
+        return told[index]
 
     def heard(index: int, reading: Reading, reused: int) -> None:
         if on_result is not None:

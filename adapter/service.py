@@ -492,7 +492,8 @@ class DecisionService:
             on_work=None if heard is None else heard.work,
             lead=len(variants[0].orders) if heard is not None else 0,
         )
-        readings = read(variants, batch)
+        # A streamed request's questions were read as they were told (each once).
+        readings = read(variants, batch) if heard is None else heard.readings()
         if self.metrics is not None:
             for variant, reading in zip(variants, readings, strict=True):
                 self.metrics.observe_question(
@@ -552,7 +553,7 @@ ReadingObserver = Callable[[int, Reading, int], None]
 
 class _QuestionsHeard:
     """A streamed request's questions, each read and told once all its decisions' works
-    (one per option order, adapter.ordering.expand) are scored."""
+    (one per option order, adapter.ordering.expand) are scored; kept for the answer."""
 
     def __init__(self, variants: Sequence[Variants], on_reading: ReadingObserver) -> None:
         self._variants, self._on_reading = variants, on_reading
@@ -560,6 +561,11 @@ class _QuestionsHeard:
         for index, variant in enumerate(variants):
             self._question += [index] * len(variant.orders)
         self._works: dict[int, list[tuple[int, ScoredWork]]] = {}
+        self._read: dict[int, Reading] = {}
+
+    def readings(self) -> list[Reading]:
+        """Every question's reading, in request order (once the request is scored)."""
+        return [self._read[question] for question in range(len(self._variants))]
 
     def work(self, index: int, scored: ScoredWork) -> None:
         question = self._question[index]
@@ -574,6 +580,7 @@ class _QuestionsHeard:
             [work.input_tokens for work in ordered],
             [work.readout for work in ordered],
         )
+        self._read[question] = reading
         self._on_reading(question, reading, sum(work.reused_tokens for work in ordered))
 
 

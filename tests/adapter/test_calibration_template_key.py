@@ -1,6 +1,6 @@
 """A template's key is what audit records carry: priors fitted from records find the
-questions they were fitted on (until adapter.audit computes its hashes with
-adapter.template_key, this is what keeps the two definitions one)."""
+questions they were fitted on (adapter.audit computes its hashes with
+adapter.template_key; this keeps the record's key and the served key one)."""
 
 from __future__ import annotations
 

@@ -22,11 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from adapter.event_frames import MEDIA_TYPE, frame, payload_part
+from adapter.event_frames import MEDIA_TYPE as EVENT_STREAM
+from adapter.event_frames import frame, payload_part
 from tests.support.live_server import live_server
 from tests.support.scripted_endpoint import Answer
-
-EVENT_STREAM = MEDIA_TYPE
 
 
 def stream_exception(kind: str, **members: str) -> bytes:
