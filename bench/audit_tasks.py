@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapter.errors import RequestError
-from adapter.schema import Decision, Option, parse_decision
-from bench.tasks import Task, decision_json
+from adapter.schema import Decision, parse_decision
+from bench.tasks import Task
 
 # Reading records is the client's (a pipeline reads them without llama.cpp); semif-calibrate
 # imports them from here beside the rest of --from-audit.
@@ -43,6 +43,13 @@ class AuditTasks:
 
     tasks: list[Task]
     unlabelled: int
+
+
+def recorded_decision(request: Mapping[str, Any], name: str) -> Decision:
+    """A full record's decision as it was sent (its request text), named `name`, validated
+    as the server validates one (RequestError naming what is malformed)."""
+    body = {key: request.get(key) for key in ("state", "question", "options")}
+    return parse_decision({"id": name, **body}, name)
 
 
 def read_labels(lines: Iterable[str], source: str) -> dict[tuple[str | None, str], str]:
@@ -87,12 +94,8 @@ def audit_tasks(
                 "choice question"
             )
         try:
-            options = tuple(
-                Option(o["id"], o["description"], o.get("label")) for o in request["options"]
-            )
-            candidate = Decision(name, request["state"], request["question"], options)
-            decision = parse_decision(decision_json(candidate), name)
-        except (KeyError, TypeError, RequestError) as error:
+            decision = recorded_decision(request, name)
+        except RequestError as error:
             raise AuditTasksError(f"record {name}: its request is malformed: {error}") from None
         if label not in decision.option_ids:
             raise AuditTasksError(f"record {name}: label {label!r} is not one of its options")

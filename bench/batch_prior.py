@@ -36,8 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from adapter.errors import RequestError
-from adapter.schema import Decision, parse_decision, parse_decision_body
+from adapter.schema import Decision, parse_decision_body
 from adapter.template_key import record_template_key, template_key
+from bench import audit_tasks
 from model_build.calibration import OptionOrder, TemplatePrior, TemplatePriors
 
 MIN_INPUTS = 20  # inputs a template needs for a prior (--min-inputs overrides it)
@@ -151,9 +152,8 @@ def unusable(record: Mapping[str, Any], mode: OptionOrder) -> str | None:
 
 def recorded_decision(request: Mapping[str, Any], name: str) -> Decision:
     """A full record's decision as sent (its request text), to score again."""
-    body = {key: request.get(key) for key in ("state", "question", "options")}
     try:
-        return parse_decision({"id": name, **body}, name)
+        return audit_tasks.recorded_decision(request, name)
     except RequestError as error:
         raise BatchPriorError(f"record {name}: its request is malformed: {error}") from None
 

@@ -423,37 +423,46 @@ def held_out_template_priors(
     folds: int,
     seed: int,
     *,
+    held: Mapping[str, Sequence[Answer]],
     prompt_version: str,
     min_inputs: int,
 ) -> dict[str, Any]:
     """Held-out metrics in `mode`: uncalibrated; with the position prior of the other folds;
     and with the template priors of the other folds beside it (a question a template prior
     covers gets it instead, as served). Over every held-out task, and over those a template
-    prior covered (the only ones it can move)."""
+    prior covered (the only ones it can move). `held` is the cross-validation's answers in
+    `mode` (cross_validate: the same folds, visited in the same order), whose uncalibrated
+    and position-prior answers are these; only the template priors are fitted here, each
+    task's uncorrected distribution read once."""
+    uncorrected = {
+        index: Observed.of(item.task.decision, item.probabilities(mode, None))
+        for index, item in enumerate(scored)
+        if item.kind in TEMPLATE_PRIOR_KINDS
+    }
     answers: dict[str, dict[str, list[Answer]]] = {
         subset: {stage: [] for stage in TEMPLATE_STAGES} for subset in ("all", "covered")
     }
     expected: dict[str, list[str]] = {"all": [], "covered": []}
+    visited = 0  # the place of the next held-out task in `held`
     for test in folds_of(len(scored), folds, seed):
         held_back = set(test)
-        train = [item for index, item in enumerate(scored) if index not in held_back]
-        position = Calibration(
-            prompt_version, mode, {}, "0" * 64, position_prior=estimate_prior(train)
-        )
-        priors, _ = fit_template_priors(train, mode, "0" * 64, min_inputs)
-        both = replace(position, template_priors=priors)
-        stages = dict(zip(TEMPLATE_STAGES, (None, position, both), strict=True))
+        train = [seen for index, seen in uncorrected.items() if index not in held_back]
+        priors, _ = fit_priors(train, mode, "0" * 64, min_inputs)
+        templates = Calibration(prompt_version, mode, {}, "0" * 64, template_priors=priors)
         for item in (scored[index] for index in test):
-            covered = template_prior(both, item.task.decision, item.kind, mode) is not None
+            plain, position = held["uncalibrated"][visited], held["prior"][visited]
+            visited += 1
+            covered = template_prior(templates, item.task.decision, item.kind, mode) is not None
+            fitted = item.answer(mode, templates) if covered else position
             for subset in ("all", "covered") if covered else ("all",):
                 expected[subset].append(item.task.expected)
-                for stage, calibration in stages.items():
-                    answers[subset][stage].append(item.answer(mode, calibration))
+                for stage, answer in zip(TEMPLATE_STAGES, (plain, position, fitted), strict=True):
+                    answers[subset][stage].append(answer)
     return {
         subset: {"tasks": len(expected[subset])}
         | {
-            stage: quality(held, expected[subset])
-            for stage, held in answers[subset].items()
+            stage: quality(stage_answers, expected[subset])
+            for stage, stage_answers in answers[subset].items()
             if expected[subset]
         }
         for subset in answers
@@ -633,6 +642,7 @@ def calibrate(
                 mode,
                 folds,
                 seed,
+                held=held[mode],
                 prompt_version=prompt_version,
                 min_inputs=template_inputs,
             ),

@@ -25,6 +25,7 @@ from adapter.template_key import template_key
 from bench.calibrate import (
     TEMPERATURE_BOUNDS,
     Scored,
+    calibrate,
     estimate_prior,
     fit_temperature,
     main,
@@ -323,3 +324,38 @@ def test_unlabelled_audit_records_are_used_as_they_are_or_scored_again(
     none = load_calibration(out / "calibration.json").template_priors
     assert none is not None
     assert none.templates == {}
+
+
+def test_the_template_priors_report_is_held_out_beside_the_tasks_own_report() -> None:
+    """`calibrate(template_inputs=...)` on planted distributions: its held-out uncalibrated
+    and position-prior answers over every task are the cross-validation's own (the same
+    folds, the same tasks), the covered tasks are a subset, and the fit keeps the templates
+    with enough tasks."""
+    rng = np.random.default_rng(11)
+    scored = []
+    for task in [t for t in load_tasks() if t.question_type == "choice"]:
+        content = rng.dirichlet(np.ones(len(task.decision.options)))
+        identity = tuple(range(len(task.decision.options)))
+        rows = {}
+        for order in {identity, *rotations(canonical_order(task.decision.options), limit=None)}:
+            picked = content[list(order)]
+            rows[order] = np.log(picked / picked.sum())
+        scored.append(Scored(task, rows))
+    _, report = calibrate(
+        scored,
+        mode="canonical",
+        folds=3,
+        seed=0,
+        prompt_version=PROMPT_VERSION,
+        tasks_sha256="0" * 64,
+        template_inputs=3,
+    )
+    priors = report["template_priors"]
+    held = priors["held_out"]
+    assert held["all"]["tasks"] == len(scored)
+    assert 0 < held["covered"]["tasks"] <= len(scored)
+    own = report["held_out"]["canonical"]
+    assert held["all"]["uncalibrated"] == own["uncalibrated"]
+    assert held["all"]["position prior"] == own["prior"]
+    assert priors["templates"]
+    assert all(inputs >= 3 for inputs in priors["templates"].values())

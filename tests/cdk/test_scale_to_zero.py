@@ -203,7 +203,7 @@ def test_a_refused_call_wakes_one_copy(template: Template) -> None:
     template.has_resource_properties(
         "AWS::ApplicationAutoScaling::ScalingPolicy",
         {
-            "PolicyName": Match.string_like_regexp("ScalingFromZero"),
+            "PolicyName": Match.string_like_regexp("^semifdevdecisionScalingFromZero"),
             "ScalingTargetId": Match.any_value(),
         },
     )
