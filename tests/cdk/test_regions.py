@@ -108,6 +108,14 @@ def test_an_environment_in_a_region_without_its_features_is_refused(env: str, re
     missing = [
         f for f in CfnFeature if f in REGIONS_WITHOUT[region] & config.cloudformation_features
     ]
+    # Said apart from the feature sets: every environment needs the endpoint features, only
+    # one that scales to zero needs inference components.
+    lacks = REGIONS_WITHOUT[region]
+    components = CfnFeature.INFERENCE_COMPONENTS
+    refused = bool(lacks - {components}) or (
+        config.decision.scale_to_zero is not None and components in lacks
+    )
+    assert bool(missing) == refused
     if not missing:
         assert dataclasses.replace(config, region=region).region == region
         return
